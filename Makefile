@@ -1,0 +1,66 @@
+# The documented verbs. Everything heavy is cached: a second run only re-checks stamps.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CACHE ?= $(HOME)/.cache/inferop
+export INFEROP_CACHE := $(CACHE)
+# Where the chart and the tests find helm and kubectl, and the control plane's binaries.
+TOOLS_STAMP := $(CACHE)/.tools-ready
+
+.PHONY: help install demo test unit check lint format bench tools e2e-kind crd clean
+
+help:
+	@echo "make demo      export both models, serve them with tritonserver, call and benchmark them"
+	@echo "make test      unit and integration tests (real tritonserver, control plane, helm)"
+	@echo "make check     ruff, mypy, and drift of generated files (CRD schema, chart CRD)"
+	@echo "make bench     speed and memory figures, as ratios measured in one run"
+	@echo "make e2e-kind  end to end on a kind cluster (needs Docker and kind)"
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/pip install --quiet -e '.[export,serve,dev]'
+	touch $@
+
+tools: $(TOOLS_STAMP)
+
+$(TOOLS_STAMP): scripts/kube-binaries.sh scripts/helm-kubectl.sh
+	bash scripts/kube-binaries.sh >/dev/null
+	bash scripts/helm-kubectl.sh >/dev/null
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/python scripts/demo.py
+
+test: $(STAMP) $(TOOLS_STAMP)
+	$(BIN)/python -m pytest -m "not e2e_kind and not gpu" $(PYTEST_ARGS)
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -m "not integration and not e2e_kind and not gpu" $(PYTEST_ARGS)
+
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/python -m inferop_operator.crd --check
+
+crd: $(STAMP)
+	$(BIN)/python -m inferop_operator.crd --write
+
+lint: check
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: $(STAMP) $(TOOLS_STAMP)
+	$(BIN)/python scripts/bench.py
+
+e2e-kind: $(STAMP) $(TOOLS_STAMP)
+	bash scripts/e2e-kind.sh
+
+clean:
+	rm -rf $(VENV) model_repo/*/ out/ .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Export PyTorch networks to verified ONNX models in a Triton model repository."""

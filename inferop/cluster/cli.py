@@ -1,0 +1,70 @@
+"""`inferop cluster up|down|status`: a local control plane, `eval "$(inferop cluster up)"` to use it.
+
+Only `up`'s `export KUBECONFIG=...` line goes to stdout; progress and errors go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+from inferop.cluster.controlplane import ClusterError, ControlPlane, default_state_dir
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "action",
+        choices=["up", "down", "status"],
+        help="up: start (or find running) and print `export KUBECONFIG=...`; down: stop and remove the "
+        "state; status: exit 0 when healthy, 1 when not",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="certificates, etcd data, logs, pids and kubeconfig "
+        "(default: $INFEROP_CLUSTER_DIR, else ~/.cache/inferop/cluster)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds to wait for readiness (up) or exit (down)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    cluster = ControlPlane(args.state_dir or default_state_dir())
+    try:
+        if args.action == "up":
+            kubeconfig = cluster.up(timeout=args.timeout)
+            print(f"export KUBECONFIG={shlex.quote(str(kubeconfig))}")
+            return 0
+        if args.action == "down":
+            cluster.down(timeout=min(args.timeout, 10.0))
+            print(f"control plane down ({cluster.layout.root} cleaned)", file=sys.stderr)
+            return 0
+        return _print_status(cluster)
+    except ClusterError as error:
+        print(f"inferop cluster {args.action}: {error}", file=sys.stderr)
+        return 1
+
+
+def _print_status(cluster: ControlPlane) -> int:
+    summary = cluster.status()
+    print(f"state dir:  {summary['state_dir']}")
+    if "server" not in summary:
+        print("status:     down")
+        return 1
+    health = "up" if summary["healthy"] else "NOT HEALTHY (`inferop cluster up` restarts it)"
+    print(f"status:     {health}")
+    print(f"server:     {summary['server']}")
+    print(f"kubeconfig: {summary['kubeconfig']}")
+    if summary["healthy"]:
+        print(f"kubernetes: {summary.get('kubernetes')}")
+        print(f"etcd:       {summary.get('etcd')}")
+    for name, proc in summary["processes"].items():
+        print(f"{name + ':':<25}pid {proc['pid']} {'running' if proc['running'] else 'GONE'}")
+    return 0 if summary["healthy"] else 1

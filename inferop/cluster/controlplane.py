@@ -1,0 +1,574 @@
+"""A real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) on 127.0.0.1.
+
+No kubelet and no container runtime: objects, RBAC, admission, garbage collection and the workload
+controllers are real, Pods stay Pending. That is what an operator and a chart need to be tested against,
+and it starts in seconds without Docker.
+
+The builders at the top (file layout, command lines, kubeconfig) are pure; `ControlPlane` below them runs
+the processes. Every process runs in its own session, so it outlives the command that started it, and is
+recorded in a JSON state file that `down` and `status` read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from inferop.paths import cache_dir, repo_root
+
+log = logging.getLogger(__name__)
+
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
+# In start order; `down` stops them in reverse.
+COMPONENTS = BINARIES
+SERVICE_CIDR = "10.0.0.0/24"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+GET_BINARIES = "scripts/kube-binaries.sh (builds Kubernetes once, or honours $KUBEBUILDER_ASSETS)"
+
+
+class ClusterError(RuntimeError):
+    """The control plane could not be started or reached; the message says why and what to do."""
+
+
+def default_state_dir() -> Path:
+    """`$INFEROP_CLUSTER_DIR`, else `<cache>/cluster`."""
+    env = os.environ.get("INFEROP_CLUSTER_DIR")
+    return Path(env) if env else cache_dir() / "cluster"
+
+
+# ---------------------------------------------------------------------------------------------- builders
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where everything lives inside a state directory."""
+
+    root: Path
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.root / "etcd"
+
+    @property
+    def controller_manager_certs(self) -> Path:
+        return self.root / "cm-certs"
+
+    def log(self, component: str) -> Path:
+        return self.root / f"{component}.log"
+
+    def pem(self, name: str) -> Path:
+        return self.pki / f"{name}.pem"
+
+    def created(self) -> list[Path]:
+        """Everything `up` may create, for `down` to remove (and nothing else in the directory)."""
+        logs = [self.log(c) for c in COMPONENTS]
+        created = [self.state_file, self.kubeconfig, self.pki, self.etcd_data, self.controller_manager_certs]
+        return [*created, *logs]
+
+
+def etcd_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
+    client = f"http://127.0.0.1:{ports.etcd_client}"
+    peer = f"http://127.0.0.1:{ports.etcd_peer}"
+    return [
+        str(bin_dir / "etcd"),
+        "--name=inferop",
+        f"--data-dir={layout.etcd_data}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=inferop={peer}",
+        "--logger=zap",
+    ]
+
+
+def apiserver_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
+    return [
+        str(bin_dir / "kube-apiserver"),
+        f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={ports.apiserver}",
+        "--insecure-port=0",
+        f"--cert-dir={layout.pki}",
+        f"--tls-cert-file={layout.pem('apiserver')}",
+        f"--tls-private-key-file={layout.pem('apiserver-key')}",
+        f"--client-ca-file={layout.pem('ca')}",
+        "--authorization-mode=RBAC",
+        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+        f"--service-account-key-file={layout.pem('sa-pub')}",
+        f"--service-account-signing-key-file={layout.pem('sa-key')}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--allow-privileged=true",
+        # The `kubernetes` Service's endpoints cannot hold a loopback address; nothing in-cluster needs them.
+        "--endpoint-reconciler-type=none",
+        "--profiling=false",
+    ]
+
+
+def controller_manager_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
+    return [
+        str(bin_dir / "kube-controller-manager"),
+        f"--kubeconfig={layout.kubeconfig}",
+        "--leader-elect=false",
+        # csrsigning needs a signing CA and nodeipam a pod CIDR; neither matters without nodes.
+        "--controllers=*,-csrsigning,-nodeipam",
+        f"--service-account-private-key-file={layout.pem('sa-key')}",
+        f"--root-ca-file={layout.pem('ca')}",
+        "--use-service-account-credentials=true",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports.controller_manager}",
+        "--port=0",
+        f"--cert-dir={layout.controller_manager_certs}",
+        "--profiling=false",
+    ]
+
+
+def commands(bin_dir: Path, layout: Layout, ports: Ports) -> dict[str, list[str]]:
+    return {
+        "etcd": etcd_command(bin_dir, layout, ports),
+        "kube-apiserver": apiserver_command(bin_dir, layout, ports),
+        "kube-controller-manager": controller_manager_command(bin_dir, layout, ports),
+    }
+
+
+def kubeconfig(server: str, layout: Layout, name: str = "inferop") -> dict[str, Any]:
+    """An admin kubeconfig (client certificate in `system:masters`) that points at files in the layout."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": name, "cluster": {"server": server, "certificate-authority": str(layout.pem("ca"))}}
+        ],
+        "users": [
+            {
+                "name": f"{name}-admin",
+                "user": {
+                    "client-certificate": str(layout.pem("admin")),
+                    "client-key": str(layout.pem("admin-key")),
+                },
+            }
+        ],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": f"{name}-admin"}}],
+        "current-context": name,
+    }
+
+
+def openssl_extensions() -> str:
+    """x509 extension sections for the two leaf certificates, written beside them as `extensions.cnf`."""
+    sans = ",".join(
+        [
+            "IP:127.0.0.1",
+            "IP:10.0.0.1",  # the `kubernetes` Service's cluster IP, the first of SERVICE_CIDR
+            "DNS:localhost",
+            "DNS:kubernetes",
+            "DNS:kubernetes.default",
+            "DNS:kubernetes.default.svc",
+            "DNS:kubernetes.default.svc.cluster.local",
+        ]
+    )
+    leaf = "basicConstraints = critical, CA:FALSE\nkeyUsage = critical, digitalSignature\n"
+    return (
+        f"[apiserver]\n{leaf}extendedKeyUsage = serverAuth\nsubjectAltName = {sans}\n"
+        f"[admin]\n{leaf}extendedKeyUsage = clientAuth\n"
+    )
+
+
+def openssl_commands(layout: Layout) -> list[list[str]]:
+    """A CA, the apiserver's serving certificate, an admin client certificate, a service-account key pair.
+
+    Run in order, after `openssl_extensions()` is written to `pki/extensions.cnf`.
+    """
+    pki = layout.pki
+
+    def key(name: str) -> list[str]:
+        # ECDSA P-256: generated in milliseconds where RSA takes a good part of a second per key.
+        ec = ["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"]
+        return ["openssl", "genpkey", *ec, "-out", f"{pki}/{name}.pem"]
+
+    def signed(name: str, subject: str) -> list[list[str]]:
+        """A key, a request, and a certificate signed by the CA with the `[name]` extensions."""
+        key_file, csr, cert = f"{pki}/{name}-key.pem", f"{pki}/{name}.csr", f"{pki}/{name}.pem"
+        ca = ["-CA", f"{pki}/ca.pem", "-CAkey", f"{pki}/ca-key.pem", "-CAcreateserial", "-days", "3650"]
+        extensions = ["-extfile", f"{pki}/extensions.cnf", "-extensions", name]
+        return [
+            key(f"{name}-key"),
+            ["openssl", "req", "-new", "-key", key_file, "-subj", subject, "-out", csr],
+            ["openssl", "x509", "-req", "-in", csr, *ca, *extensions, "-out", cert],
+        ]
+
+    self_signed = ["openssl", "req", "-x509", "-new", "-key", f"{pki}/ca-key.pem", "-subj", "/CN=inferop-ca"]
+    return [
+        key("ca-key"),
+        [*self_signed, "-days", "3650", "-out", f"{pki}/ca.pem"],
+        *signed("apiserver", "/CN=kube-apiserver"),
+        # Kubernetes maps the certificate's O to groups: system:masters is bound to cluster-admin.
+        *signed("admin", "/O=system:masters/CN=inferop-admin"),
+        key("sa-key"),
+        ["openssl", "pkey", "-in", f"{pki}/sa-key.pem", "-pubout", "-out", f"{pki}/sa-pub.pem"],
+    ]
+
+
+# --------------------------------------------------------------------------------------------- processes
+
+
+def missing_binaries(bin_dir: Path) -> list[str]:
+    return [name for name in BINARIES if not os.access(bin_dir / name, os.X_OK)]
+
+
+def kube_binaries(build: bool = True) -> Path:
+    """The directory holding the three binaries, from `scripts/kube-binaries.sh`.
+
+    With `build=False` nothing is built: a missing build raises instead of taking six minutes.
+    """
+    script = repo_root() / "scripts" / "kube-binaries.sh"
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if assets and not missing_binaries(Path(assets)):
+        return Path(assets)
+    if not script.is_file():
+        raise ClusterError(
+            f"{script} not found (inferop is installed without its source checkout): "
+            f"set KUBEBUILDER_ASSETS to a directory holding {', '.join(BINARIES)}"
+        )
+    argv = [str(script)] if build else [str(script), "--no-build"]
+    result = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)  # progress: stderr
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        status = result.returncode
+        raise ClusterError(f"no Kubernetes binaries ({script.name} exited with {status}): run {GET_BINARIES}")
+    bin_dir = Path(lines[-1])
+    if missing := missing_binaries(bin_dir):
+        raise ClusterError(f"{', '.join(missing)} missing in {bin_dir}: run {GET_BINARIES}")
+    return bin_dir
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct ports free on 127.0.0.1 right now (held open together so the kernel cannot repeat one)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def http_get(url: str, context: ssl.SSLContext | None = None, timeout: float = 2.0) -> tuple[int, str]:
+    """(status, body); status 0 when nothing answers."""
+    # A proxy from the environment must not see requests to 127.0.0.1.
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    try:
+        with urllib.request.build_opener(*handlers).open(url, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return 0, ""
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join([f"--- last lines of {path}:", *text])
+
+
+def process_running(pid: int, executable: str) -> bool:
+    """True while `pid` is alive and still runs `executable` (a recycled pid is not ours)."""
+    proc = Path(f"/proc/{pid}")
+    if not Path("/proc/self").exists():  # no procfs: trust the pid
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    try:
+        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        argv0 = (proc / "cmdline").read_bytes().split(b"\0", 1)[0].decode()
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and argv0 == executable
+
+
+def _reap(pid: int) -> None:
+    """Collect an exited child of this Python process, so no zombie keeps its pid."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def stop_process(pid: int, executable: str, timeout: float = 10.0) -> None:
+    """SIGTERM the process's group (it leads its own session), SIGKILL after `timeout` seconds."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        _reap(pid)
+        if not process_running(pid, executable):
+            return
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            _reap(pid)
+            if not process_running(pid, executable):
+                return
+            time.sleep(0.05)
+    raise ClusterError(f"{executable} (pid {pid}) survived SIGKILL")
+
+
+def _insecure_context() -> ssl.SSLContext:
+    """For the controller-manager's health endpoint, served with a certificate it made up itself."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+class ControlPlane:
+    """etcd, kube-apiserver and kube-controller-manager on 127.0.0.1, state kept in `state_dir`.
+
+    >>> with ControlPlane(tmp) as cluster:
+    ...     kubernetes.config.load_kube_config(str(cluster.kubeconfig))
+    """
+
+    def __init__(self, state_dir: Path | str | None = None, bin_dir: Path | None = None) -> None:
+        self.layout = Layout(Path(state_dir) if state_dir is not None else default_state_dir())
+        self.bin_dir = bin_dir
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.layout.kubeconfig
+
+    def state(self) -> dict[str, Any] | None:
+        """What `up` recorded: server, ports, bin_dir and the processes' pids; None when down."""
+        try:
+            state: dict[str, Any] = json.loads(self.layout.state_file.read_text())
+        except (OSError, ValueError):
+            return None
+        return state
+
+    def pids(self) -> dict[str, int]:
+        state = self.state() or {}
+        return {name: proc["pid"] for name, proc in state.get("processes", {}).items()}
+
+    def _api_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.layout.pem("ca")))
+        context.load_cert_chain(str(self.layout.pem("admin")), str(self.layout.pem("admin-key")))
+        return context
+
+    def api_get(self, path: str, timeout: float = 2.0) -> tuple[int, str]:
+        """GET a path on the apiserver as the admin; (0, "") when it does not answer."""
+        state = self.state()
+        if state is None:
+            return 0, ""
+        try:
+            context = self._api_context()
+        except (OSError, ssl.SSLError):
+            return 0, ""
+        return http_get(state["server"] + path, context, timeout)
+
+    def healthy(self) -> bool:
+        """All recorded processes run and the apiserver answers /readyz."""
+        state = self.state()
+        if state is None:
+            return False
+        processes = state.get("processes", {})
+        if set(processes) != set(COMPONENTS):
+            return False
+        if not all(process_running(p["pid"], p["executable"]) for p in processes.values()):
+            return False
+        return self.api_get("/readyz")[0] == 200
+
+    def version(self) -> dict[str, Any]:
+        """The apiserver's /version (gitVersion, platform...)."""
+        status, body = self.api_get("/version")
+        if status != 200:
+            raise ClusterError(f"GET /version answered {status or 'nothing'}: is the cluster up?")
+        version: dict[str, Any] = json.loads(body)
+        return version
+
+    def status(self) -> dict[str, Any]:
+        """A summary for people: up or not, server, component versions and pids."""
+        state = self.state()
+        summary: dict[str, Any] = {"healthy": self.healthy(), "state_dir": str(self.layout.root)}
+        if state is None:
+            return summary
+        summary["server"] = state["server"]
+        summary["kubeconfig"] = str(self.kubeconfig)
+        summary["processes"] = {
+            name: {"pid": p["pid"], "running": process_running(p["pid"], p["executable"])}
+            for name, p in state.get("processes", {}).items()
+        }
+        if summary["healthy"]:
+            summary["kubernetes"] = self.version().get("gitVersion")
+            status, body = http_get(f"http://127.0.0.1:{state['ports']['etcd_client']}/version")
+            if status == 200:
+                summary["etcd"] = json.loads(body).get("etcdserver")
+        return summary
+
+    def up(self, timeout: float = 60.0) -> Path:
+        """Start the control plane, or find it already running; returns the admin kubeconfig."""
+        if self.healthy():
+            log.info("control plane already up at %s", (self.state() or {}).get("server"))
+            return self.kubeconfig
+        self.down()  # leftovers of a crash or a reboot
+        bin_dir = self.bin_dir or kube_binaries()
+        if missing := missing_binaries(bin_dir):
+            raise ClusterError(f"{', '.join(missing)} missing in {bin_dir}: run {GET_BINARIES}")
+        started = time.monotonic()
+        deadline = started + timeout
+        try:
+            self._start_all(bin_dir, deadline)
+        except BaseException:
+            self._stop_all()  # the logs stay, for a look at what went wrong
+            raise
+        elapsed = time.monotonic() - started
+        log.info("control plane up at %s in %.1f s", (self.state() or {}).get("server"), elapsed)
+        return self.kubeconfig
+
+    def _start_all(self, bin_dir: Path, deadline: float) -> None:
+        layout = self.layout
+        layout.pki.mkdir(parents=True, exist_ok=True)
+        (layout.pki / "extensions.cnf").write_text(openssl_extensions())
+        for argv in openssl_commands(layout):
+            result = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise ClusterError(f"{shlex.join(argv)} failed:\n{result.stderr}")
+        ports = Ports(*free_ports(4))
+        layout.kubeconfig.write_text(yaml.safe_dump(kubeconfig(ports.server, layout), sort_keys=False))
+        state: dict[str, Any] = {
+            "server": ports.server,
+            "ports": asdict(ports),
+            "bin_dir": str(bin_dir),
+            "processes": {},
+        }
+        argvs = commands(bin_dir, layout, ports)
+        checks: dict[str, Callable[[], bool]] = {
+            "etcd": lambda: http_get(f"http://127.0.0.1:{ports.etcd_client}/health")[0] == 200,
+            "kube-apiserver": lambda: self.api_get("/readyz")[0] == 200,
+            "kube-controller-manager": lambda: (
+                http_get(f"https://127.0.0.1:{ports.controller_manager}/healthz", _insecure_context())[0]
+                == 200
+            ),
+        }
+        for name in COMPONENTS:
+            self._start(name, argvs[name], state)
+            self._wait_ready(name, checks[name], deadline)
+
+    def _start(self, name: str, argv: list[str], state: dict[str, Any]) -> None:
+        log.info("starting %s", name)
+        with self.layout.log(name).open("wb") as log_file:
+            child = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=self.layout.root,
+                start_new_session=True,  # outlives `inferop cluster up`, and Ctrl-C in its terminal
+            )
+        self._children[name] = child
+        state["processes"][name] = {"pid": child.pid, "executable": argv[0]}
+        _write_json(self.layout.state_file, state)
+
+    def _wait_ready(self, name: str, ready: Callable[[], bool], deadline: float) -> None:
+        while not ready():
+            for started, child in self._children.items():
+                if child.poll() is not None:
+                    tail = log_tail(self.layout.log(started))
+                    hint = ""
+                    if busy := re.search(r"127\.0\.0\.1:(\d+): bind: address already in use", tail):
+                        hint = f": port {busy[1]} was taken since it was picked (run `up` again)"
+                    raise ClusterError(f"{started} exited with status {child.returncode}{hint}\n{tail}")
+            if time.monotonic() > deadline:
+                tails = [log_tail(self.layout.log(n)) for n in ("etcd", name) if n in self._children]
+                raise ClusterError("\n".join([f"{name} not ready in time", *dict.fromkeys(tails)]))
+            time.sleep(0.1)
+
+    def _stop_all(self, timeout: float = 10.0) -> None:
+        state = self.state() or {}
+        processes: Mapping[str, Any] = state.get("processes", {})
+        for name in reversed(COMPONENTS):
+            if name in processes:
+                stop_process(processes[name]["pid"], processes[name]["executable"], timeout)
+        for child in self._children.values():
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+        self._children.clear()
+        self.layout.state_file.unlink(missing_ok=True)
+
+    def down(self, timeout: float = 10.0) -> None:
+        """Stop every recorded process and remove what `up` created; nothing to do when already down."""
+        self._stop_all(timeout)
+        for path in self.layout.created():
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.layout.root.rmdir()  # only when nothing else lives there
+
+    def __enter__(self) -> ControlPlane:
+        self.up()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.down()
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Write atomically, so a reader never sees half a state file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)

@@ -1,0 +1,82 @@
+"""Translate an ONNX Runtime model repository into one the python backend serves, setting for setting.
+
+This is the only place local serving differs from a Triton container: the platform becomes our python
+model (model.py with ONNX Runtime); every other field of config.pbtxt is carried over untouched, so what
+is tested locally is the config the operator deploys.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from inferop.tritonconfig import MODEL_FILENAME, ONNX_PLATFORM, parse_model_config, to_text
+
+PYTHON_MODEL = Path(__file__).with_name("model.py")
+
+
+class RepositoryError(ValueError):
+    """The model repository is missing or malformed; the message names the path."""
+
+
+def to_python_backend(config: mc.ModelConfig) -> mc.ModelConfig:
+    """The same config served by our model.py: only the platform and the instance kind change
+    (local serving is CPU-only; a GPU instance group becomes a CPU one of the same count)."""
+    if config.platform not in ("", ONNX_PLATFORM) or config.backend not in ("", "onnxruntime"):
+        raise RepositoryError(
+            f"model {config.name!r}: only ONNX models can be served locally "
+            f"(platform {config.platform!r}, backend {config.backend!r})"
+        )
+    local = mc.ModelConfig()
+    local.CopyFrom(config)
+    local.ClearField("platform")
+    local.backend = "python"
+    for group in local.instance_group:
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+            group.kind = mc.ModelInstanceGroup.KIND_CPU
+            group.ClearField("gpus")
+    return local
+
+
+def model_dirs(repo: Path) -> list[Path]:
+    """Model directories of `repo`, each checked to hold a parseable config and a versioned model.onnx."""
+    if not repo.is_dir():
+        raise RepositoryError(f"model repository {repo} does not exist (run `inferop export` first)")
+    models = sorted(p for p in repo.iterdir() if (p / "config.pbtxt").is_file())
+    if not models:
+        raise RepositoryError(f"model repository {repo} holds no model (no <model>/config.pbtxt)")
+    for model in models:
+        try:
+            parse_model_config((model / "config.pbtxt").read_text())
+        except Exception as error:  # text_format.ParseError names line and field
+            raise RepositoryError(f"{model / 'config.pbtxt'}: {error}") from error
+        if not any((version / MODEL_FILENAME).is_file() for version in model.iterdir() if version.name.isdigit()):
+            raise RepositoryError(f"model {model.name}: no <version>/{MODEL_FILENAME} under {model}")
+    return models
+
+
+def prepare_local_repo(repo: Path, target: Path) -> Path:
+    """Lay out `target` as a python-backend twin of `repo`: translated configs, our model.py beside a
+    link to each model.onnx, and the other files (labels) linked unchanged. The source is never written."""
+    models = model_dirs(repo)
+    if target.exists():
+        shutil.rmtree(target)
+    for model in models:
+        out = target / model.name
+        out.mkdir(parents=True)
+        config = to_python_backend(parse_model_config((model / "config.pbtxt").read_text()))
+        config.name = model.name
+        (out / "config.pbtxt").write_text(to_text(config))
+        for entry in model.iterdir():
+            if entry.name == "config.pbtxt":
+                continue
+            if entry.is_dir() and entry.name.isdigit():
+                version = out / entry.name
+                version.mkdir()
+                (version / MODEL_FILENAME).symlink_to((entry / MODEL_FILENAME).resolve())
+                shutil.copy(PYTHON_MODEL, version / "model.py")
+            else:
+                (out / entry.name).symlink_to(entry.resolve())
+    return target

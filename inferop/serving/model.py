@@ -1,0 +1,55 @@
+"""Triton python-backend model that serves `model.onnx` with ONNX Runtime, honouring the ONNX Runtime
+backend's settings from config.pbtxt: intra/inter-op thread counts and the dynamic batcher's grouping.
+
+Runs inside Triton's python stub process; depends only on numpy, onnxruntime and Triton's utils.
+Instance count, max batch size, queue policy, timeouts and warm-up are enforced by Triton's core.
+"""
+
+import json
+import os
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+def session_options(parameters):
+    """SessionOptions from the config's `parameters` (the ONNX Runtime backend's names)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = int(parameters.get("intra_op_thread_count", "1"))
+    options.inter_op_num_threads = int(parameters.get("inter_op_thread_count", "1"))
+    if options.inter_op_num_threads > 1:
+        options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    return options
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
+        self.session = ort.InferenceSession(path, session_options(parameters), providers=["CPUExecutionProvider"])
+        self.input_names = [spec["name"] for spec in config["input"]]
+        self.output_names = [spec["name"] for spec in config["output"]]
+
+    def execute(self, requests):
+        """One ONNX Runtime run for every request the dynamic batcher grouped, split back per request."""
+        feeds = {}
+        sizes = []
+        for name in self.input_names:
+            arrays = [pb_utils.get_input_tensor_by_name(request, name).as_numpy() for request in requests]
+            feeds[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            sizes = [len(array) for array in arrays]
+        outputs = self.session.run(self.output_names, feeds)
+        offsets = np.cumsum([0, *sizes])
+        responses = []
+        for index, request in enumerate(requests):
+            wanted = set(request.requested_output_names()) or set(self.output_names)
+            start, stop = offsets[index], offsets[index + 1]
+            tensors = [
+                pb_utils.Tensor(name, output[start:stop])
+                for name, output in zip(self.output_names, outputs)
+                if name in wanted
+            ]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+        return responses

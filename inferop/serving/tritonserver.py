@@ -1,0 +1,219 @@
+"""Start and stop NVIDIA's real `tritonserver` (from the nvidia-pytriton wheel) on 127.0.0.1.
+
+The wheel carries the server, its libraries and the python backend with a stub per Python version. We lay
+out a backend directory with the stub for this interpreter, so the stub imports numpy and onnxruntime
+from this environment, and run the server in its own process group so stopping it leaves no stub behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from inferop.paths import cache_dir
+from inferop.serving.localrepo import prepare_local_repo
+
+READY_TIMEOUT_S = 120.0
+
+
+class ServerError(RuntimeError):
+    """tritonserver could not be started or died; the message carries the reason and the log's tail."""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    libraries: Path
+    backends: Path  # a directory holding python/ laid out for this interpreter
+
+    @classmethod
+    def locate(cls) -> TritonInstall:
+        try:
+            import pytriton
+        except ImportError as error:
+            raise ServerError(
+                "tritonserver not found: install the serving extra (`pip install 'inferop[serve]'`, "
+                "which brings nvidia-pytriton with NVIDIA's tritonserver binary)"
+            ) from error
+        package = Path(pytriton.__file__).parent / "tritonserver"
+        libraries = package.parent.parent / "nvidia_pytriton.libs"
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        stub = package / "python_backend_stubs" / version / "triton_python_backend_stub"
+        if not stub.is_file():
+            raise ServerError(f"nvidia-pytriton has no python backend stub for Python {version} ({stub})")
+        backends = cache_dir() / "triton-backends" / f"py{version}"
+        python_backend = backends / "python"
+        if not (python_backend / "triton_python_backend_stub").is_file():
+            staging = Path(tempfile.mkdtemp(dir=cache_dir()))
+            shutil.copytree(package / "backends" / "python", staging / "python", ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copy2(stub, staging / "python" / "triton_python_backend_stub")
+            backends.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(python_backend, ignore_errors=True)
+            (staging / "python").rename(python_backend)
+            shutil.rmtree(staging, ignore_errors=True)
+        return cls(binary=package / "bin" / "tritonserver", libraries=libraries, backends=backends)
+
+    def environment(self) -> dict[str, str]:
+        """The server's libraries and this interpreter's libpython for the stub; this environment's bin
+        first in PATH so the stub's Python finds the same numpy and onnxruntime as we do."""
+        env = dict(os.environ)
+        lib_path = [str(sysconfig.get_config_var("LIBDIR")), str(self.libraries)]
+        if env.get("LD_LIBRARY_PATH"):
+            lib_path.append(env["LD_LIBRARY_PATH"])
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_path)
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        return env
+
+
+@dataclass
+class TritonServer:
+    """A local tritonserver on `repo` (an ONNX Runtime model repository, translated for the python backend).
+
+    Use as a context manager, or `start()` / `stop()`. `extra_args` are passed to tritonserver as they are.
+    """
+
+    repo: Path
+    http_port: int = 8000
+    grpc_port: int | None = None
+    metrics_port: int | None = None
+    extra_args: list[str] = field(default_factory=list)
+    log_path: Path | None = None
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _workdir: Path | None = field(default=None, init=False)
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def command(self, install: TritonInstall, local_repo: Path) -> list[str]:
+        return [
+            str(install.binary),
+            f"--model-repository={local_repo}",
+            f"--backend-directory={install.backends}",
+            "--http-address=127.0.0.1",
+            f"--http-port={self.http_port}",
+            "--grpc-address=127.0.0.1",
+            f"--grpc-port={self.grpc_port}",
+            "--metrics-address=127.0.0.1",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-gpu-metrics=false",
+            "--pinned-memory-pool-byte-size=0",
+            "--cuda-memory-pool-byte-size=0:0",
+            *self.extra_args,
+        ]
+
+    def start(self, timeout: float = READY_TIMEOUT_S) -> TritonServer:
+        self.grpc_port = self.grpc_port or self.http_port + 1
+        self.metrics_port = self.metrics_port or self.http_port + 2
+        for name, port in (("--http-port", self.http_port), ("--grpc-port", self.grpc_port), ("--metrics-port", self.metrics_port)):
+            if not port_is_free(port):
+                raise ServerError(f"{name} {port}: port is already in use on 127.0.0.1; choose another")
+        install = TritonInstall.locate()
+        self._workdir = Path(tempfile.mkdtemp(prefix="inferop-serve-"))
+        local_repo = prepare_local_repo(self.repo.resolve(), self._workdir / "repo")
+        self.log_path = self.log_path or self._workdir / "tritonserver.log"
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                self.command(install, local_repo),
+                env=install.environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: stub processes are stopped with it
+            )
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise ServerError(f"tritonserver exited with code {self.process.returncode}:\n{self.log_tail()}")
+            if http_status(f"http://{self.url}/v2/health/ready") == 200:
+                return
+            time.sleep(0.2)
+        raise ServerError(f"tritonserver not ready after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM the whole process group (Triton unloads models and ends its stubs), SIGKILL on timeout."""
+        if self.process is not None and self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        if self.process is not None:
+            _signal_group(self.process.pid, signal.SIGKILL)  # any stub that outlived its server
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir / "repo", ignore_errors=True)
+
+    def log_tail(self, lines: int = 30) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no conflict
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A port free now, with the next two free too (Triton's gRPC and metrics ports follow HTTP's)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port < 65530 and port_is_free(port + 1) and port_is_free(port + 2):
+            return port
+    raise ServerError("no three consecutive free ports on 127.0.0.1")
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,75 @@
+"""The thread budget: how many ONNX Runtime threads the model instances of one server may use.
+
+Every instance of a model owns its own intra-op and inter-op thread pools. Copies that each size their
+pools to the whole machine oversubscribe the CPUs and inference slows to a crawl, so thread counts are
+derived from the CPU budget and a plan that exceeds it is refused.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+
+class OversubscribedError(ValueError):
+    """The requested threads exceed the CPUs; the message shows the arithmetic and a fix."""
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    cpus: float
+    instances: int
+    intra_op: int
+    inter_op: int
+
+    @property
+    def cpu_slots(self) -> int:
+        """Whole CPUs the threads may occupy (a fractional budget still runs one thread)."""
+        return max(1, math.floor(self.cpus))
+
+    @property
+    def threads(self) -> int:
+        """Threads that compute at once: the inter-op pool's caller thread is one of the intra-op threads."""
+        return self.instances * (self.intra_op + self.inter_op - 1)
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.threads > self.cpu_slots
+
+    def explain(self) -> str:
+        return (
+            f"{self.instances} instance(s) x ({self.intra_op} intra-op + {self.inter_op} inter-op - 1) "
+            f"= {self.threads} threads on {_cpus(self.cpus)} CPU(s)"
+        )
+
+
+def plan_threads(cpus: float, instances: int, intra_op: int | None = None, inter_op: int | None = None) -> ThreadPlan:
+    """Fill unset thread counts from the budget: intra-op = max(1, floor(CPUs / instances)), inter-op = 1."""
+    if cpus <= 0:
+        raise ValueError(f"cpus must be > 0, got {cpus}")
+    if instances < 1:
+        raise ValueError(f"instances must be >= 1, got {instances}")
+    default_intra = max(1, math.floor(cpus / instances))
+    return ThreadPlan(cpus=cpus, instances=instances, intra_op=intra_op or default_intra, inter_op=inter_op or 1)
+
+
+def check_budget(plan: ThreadPlan, allow_oversubscription: bool = False) -> ThreadPlan:
+    """Return `plan` if it fits its CPUs (or oversubscription is explicitly allowed), else raise with a fix."""
+    if plan.oversubscribed and not allow_oversubscription:
+        fitting = plan_threads(plan.cpus, plan.instances)
+        raise OversubscribedError(
+            f"thread budget exceeded: {plan.explain()}. Fix: set threads.intraOp={fitting.intra_op} and "
+            f"threads.interOp=1, or lower instances, or raise the CPU limit to {plan.threads}, "
+            f"or set threads.allowOversubscription=true to accept the slowdown"
+        )
+    return plan
+
+
+def local_cpus() -> int:
+    """CPUs this process may run on (its affinity), which is what a local server can use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _cpus(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"

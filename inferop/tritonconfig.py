@@ -1,0 +1,131 @@
+"""The one renderer of Triton's `config.pbtxt`, shared by export, the operator and local serving.
+
+The config is built as Triton's own `ModelConfig` protobuf and written in protobuf text format, so every
+field name is checked against Triton's schema rather than trusted to a string template.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from google.protobuf import text_format
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from tritonclient.grpc import model_config_pb2 as mc
+
+ONNX_PLATFORM = "onnxruntime_onnx"
+MODEL_FILENAME = "model.onnx"
+
+# Triton's tensor datatype names (as the V2 protocol spells them) and their byte sizes.
+DATATYPE_BYTES = {"FP32": 4, "FP16": 2, "BF16": 2, "FP64": 8, "INT64": 8, "INT32": 4, "INT8": 1, "UINT8": 1, "BOOL": 1}
+
+
+class TensorSpec(BaseModel):
+    """One model input or output; `dims` exclude the batch axis, as Triton's config does."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$")
+    datatype: Literal["FP32", "FP16", "BF16", "FP64", "INT64", "INT32", "INT8", "UINT8", "BOOL"] = "FP32"
+    dims: tuple[int, ...] = Field(min_length=1)
+    label_filename: str | None = Field(
+        default=None, description="class names, one a line, for Triton's classification extension (outputs only)"
+    )
+
+    @model_validator(mode="after")
+    def _positive_dims(self) -> TensorSpec:
+        if any(d < 1 for d in self.dims):
+            raise ValueError(f"tensor {self.name!r}: every dim must be >= 1 (got {list(self.dims)})")
+        return self
+
+    @property
+    def bytes_per_sample(self) -> int:
+        size = DATATYPE_BYTES[self.datatype]
+        for d in self.dims:
+            size *= d
+        return size
+
+
+class ServingConfig(BaseModel):
+    """Everything that goes into one model's `config.pbtxt`: the single source for all three renderings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    inputs: tuple[TensorSpec, ...] = Field(min_length=1)
+    outputs: tuple[TensorSpec, ...] = Field(min_length=1)
+    max_batch_size: int = Field(default=8, ge=1, le=4096)
+    instances: int = Field(default=1, ge=1, le=256)
+    device: Literal["cpu", "gpu"] = "cpu"
+    max_queue_delay_microseconds: int = Field(default=2000, ge=0)
+    max_queue_size: int = Field(default=64, ge=1, description="bounded queue: requests beyond it are rejected")
+    request_timeout_microseconds: int = Field(
+        default=10_000_000, ge=1, description="time a request may wait in the queue before it is rejected"
+    )
+    intra_op_threads: int = Field(default=1, ge=1)
+    inter_op_threads: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _distinct_tensor_names(self) -> ServingConfig:
+        names = [t.name for t in (*self.inputs, *self.outputs)]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"tensor names must be distinct; repeated: {duplicates}")
+        return self
+
+    @property
+    def warmup_batch_sizes(self) -> tuple[int, ...]:
+        """Warm up at batch 1 and at the largest batch, so the first real requests and the memory peak
+        are both paid for at load time, not by a caller."""
+        return tuple(sorted({1, self.max_batch_size}))
+
+
+def build_model_config(cfg: ServingConfig) -> mc.ModelConfig:
+    """The Triton `ModelConfig` message for an ONNX model served by ONNX Runtime."""
+    config = mc.ModelConfig(name=cfg.name, platform=ONNX_PLATFORM, max_batch_size=cfg.max_batch_size)
+    for spec in cfg.inputs:
+        config.input.add(name=spec.name, data_type=_triton_type(spec.datatype), dims=list(spec.dims))
+    for spec in cfg.outputs:
+        output = config.output.add(name=spec.name, data_type=_triton_type(spec.datatype), dims=list(spec.dims))
+        if spec.label_filename:
+            output.label_filename = spec.label_filename
+    kind = mc.ModelInstanceGroup.KIND_GPU if cfg.device == "gpu" else mc.ModelInstanceGroup.KIND_CPU
+    config.instance_group.add(count=cfg.instances, kind=kind)
+
+    batching = config.dynamic_batching
+    batching.max_queue_delay_microseconds = cfg.max_queue_delay_microseconds
+    policy = batching.default_queue_policy
+    policy.timeout_action = mc.ModelQueuePolicy.REJECT
+    policy.default_timeout_microseconds = cfg.request_timeout_microseconds
+    policy.allow_timeout_override = True
+    policy.max_queue_size = cfg.max_queue_size
+
+    # The ONNX Runtime backend's own parameter names; our local python-backend model reads the same ones.
+    config.parameters["intra_op_thread_count"].string_value = str(cfg.intra_op_threads)
+    config.parameters["inter_op_thread_count"].string_value = str(cfg.inter_op_threads)
+
+    for batch in cfg.warmup_batch_sizes:
+        warmup = config.model_warmup.add(name=f"warmup_batch_{batch}", batch_size=batch)
+        for spec in cfg.inputs:
+            data = warmup.inputs[spec.name]
+            data.data_type = _triton_type(spec.datatype)
+            data.dims.extend(spec.dims)
+            data.random_data = True
+    return config
+
+
+def render_model_config(cfg: ServingConfig) -> str:
+    """`config.pbtxt` text for `cfg`."""
+    return text_format.MessageToString(build_model_config(cfg))
+
+
+def parse_model_config(text: str) -> mc.ModelConfig:
+    """Parse `config.pbtxt` text; a typo in a field name is an error that names it."""
+    return text_format.Parse(text, mc.ModelConfig())
+
+
+def to_text(config: mc.ModelConfig) -> str:
+    return text_format.MessageToString(config)
+
+
+def _triton_type(datatype: str) -> int:
+    return int(mc.DataType.Value(f"TYPE_{'STRING' if datatype == 'BYTES' else datatype}"))

@@ -1,0 +1,1 @@
+"""The InferenceService operator: a typed spec, pure builders, and thin kopf handlers."""

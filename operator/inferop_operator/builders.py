@@ -1,0 +1,337 @@
+"""Pure builders of every child an InferenceService owns: plain dicts from a validated spec and a plan.
+
+No I/O here and no Kubernetes client: the handlers apply what these return.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from inferop.tritonconfig import render_model_config
+from inferop_operator.plan import Plan
+from inferop_operator.spec import GROUP, KIND, VERSION, InferenceServiceSpec
+
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+MODEL_REPOSITORY = "/models"
+MODEL_SOURCE = "/mnt/model-source"
+CONFIG_DIR = "/etc/inferop"
+CONFIG_KEY = "config.pbtxt"
+OCI_MODEL_DIR = "/model"  # where a model image (oci://) holds the model directory
+TRITON_UID = 1000  # the triton-server user of NVIDIA's images
+STARTUP_PROBE_PERIOD = 5
+CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+# Header that unlocks Triton's model-repository and shared-memory APIs; callers of the Service lack it.
+ADMIN_HEADER = "inferop-admin"
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class Service:
+    """The InferenceService being built: identity, validated spec, plan and the image to run."""
+
+    name: str
+    namespace: str
+    uid: str
+    spec: InferenceServiceSpec
+    plan: Plan
+    image: str
+
+    @property
+    def config_text(self) -> str:
+        return render_model_config(self.plan.serving)
+
+    @property
+    def config_hash(self) -> str:
+        return hashlib.sha256(self.config_text.encode()).hexdigest()[:16]
+
+    @property
+    def admin_token(self) -> str:
+        return hashlib.sha256(f"{GROUP}/{self.uid}".encode()).hexdigest()[:32]
+
+    @property
+    def config_map_name(self) -> str:
+        return f"{self.name}-config"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.name}.{self.namespace}.svc:{HTTP_PORT}"
+
+
+def labels(service: Service) -> dict[str, str]:
+    return {**selector_labels(service), "app.kubernetes.io/name": "triton", "app.kubernetes.io/part-of": "inferop"}
+
+
+def selector_labels(service: Service) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/instance": service.name,
+        "app.kubernetes.io/component": "predictor",
+        "app.kubernetes.io/managed-by": "inferop",
+    }
+
+
+def metadata(service: Service, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": service.namespace,
+        "labels": labels(service),
+        "ownerReferences": [
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": KIND,
+                "name": service.name,
+                "uid": service.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+
+
+def build_config_map(service: Service) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(service, service.config_map_name),
+        "data": {CONFIG_KEY: service.config_text},
+    }
+
+
+def build_service(service: Service) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(service, service.name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(service),
+            "ports": [
+                {"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
+                for name, port in (("http", HTTP_PORT), ("grpc", GRPC_PORT), ("metrics", METRICS_PORT))
+            ],
+        },
+    }
+
+
+def triton_args(service: Service) -> list[str]:
+    """tritonserver's command line: one fixed model, no repository API for callers, every wait bounded."""
+    restricted = f"model-repository,shared-memory:{ADMIN_HEADER}={service.admin_token}"
+    args = [
+        f"--model-repository={MODEL_REPOSITORY}",
+        "--model-control-mode=none",
+        "--strict-readiness=true",
+        "--exit-on-error=true",
+        f"--http-port={HTTP_PORT}",
+        f"--grpc-port={GRPC_PORT}",
+        f"--metrics-port={METRICS_PORT}",
+        "--allow-metrics=true",
+        f"--allow-gpu-metrics={'true' if service.spec.uses_gpu else 'false'}",
+        # In-flight requests get as long as a queued one may wait before shutdown cuts them off.
+        f"--exit-timeout-secs={math.ceil(service.spec.timeouts.request_seconds) + 5}",
+        f"--http-restricted-api={restricted}",
+        f"--grpc-restricted-protocol={restricted}",
+    ]
+    if not service.spec.uses_gpu:
+        args.append("--pinned-memory-pool-byte-size=0")
+    return args
+
+
+def thread_env(service: Service) -> list[dict[str, str]]:
+    """Every math library in the image gets the same per-instance budget as ONNX Runtime's intra-op pool."""
+    return [{"name": name, "value": str(service.plan.threads.intra_op)} for name in THREAD_ENV]
+
+
+def layout_script(service: Service) -> str:
+    """Lay the model repository out in an emptyDir: links to the read-only model files, and the rendered
+    config in place of any config.pbtxt that came with them. The user's storage is never written."""
+    model = shlex.quote(f"{MODEL_REPOSITORY}/{service.spec.model.name}")
+    source = shlex.quote(MODEL_SOURCE)
+    config = shlex.quote(f"{CONFIG_DIR}/{CONFIG_KEY}")
+    return "\n".join(
+        [
+            "set -eu",
+            f"src={source}",
+            f"dst={model}",
+            '[ -d "$src" ] || { echo "model source $src is not a directory" >&2; exit 1; }',
+            'mkdir -p "$dst"',
+            'for entry in "$src"/*; do',
+            '  [ "$(basename "$entry")" = config.pbtxt ] || ln -s "$entry" "$dst/"',
+            "done",
+            f'ln -s {config} "$dst/config.pbtxt"',
+            'ls -d "$dst"/[0-9]* >/dev/null 2>&1 || { echo "no version directory (e.g. 1/model.onnx) in $src" >&2; exit 1; }',
+            'echo "model repository laid out:"; ls -l "$dst"',
+        ]
+    )
+
+
+def source_volume(service: Service) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The volume holding the model files and how it is mounted, read-only, for each storage scheme."""
+    scheme, _, rest = service.spec.model.storage_uri.partition("://")
+    mount: dict[str, Any] = {"name": "model-source", "mountPath": MODEL_SOURCE, "readOnly": True}
+    if scheme == "pvc":
+        claim, _, path = rest.partition("/")
+        if path.strip("/"):
+            mount["subPath"] = path.strip("/")
+        return {"name": "model-source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}, mount
+    if scheme == "hostpath":
+        return {"name": "model-source", "hostPath": {"path": rest, "type": "Directory"}}, mount
+    return {"name": "model-source", "emptyDir": {}}, mount  # oci: filled by the fetch init container
+
+
+def container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def init_containers(service: Service, source_mount: dict[str, Any]) -> list[dict[str, Any]]:
+    containers = []
+    scheme, _, image = service.spec.model.storage_uri.partition("://")
+    if scheme == "oci":
+        containers.append(
+            {
+                "name": "fetch-model",
+                "image": image,
+                "command": ["sh", "-c", f"cp -R {OCI_MODEL_DIR}/. {MODEL_SOURCE}/"],
+                "volumeMounts": [{**source_mount, "readOnly": False}],
+                "securityContext": container_security(),
+                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}},
+            }
+        )
+    containers.append(
+        {
+            "name": "layout-model",
+            "image": service.image,
+            "command": ["sh", "-c", layout_script(service)],
+            "volumeMounts": [
+                source_mount,
+                {"name": "models", "mountPath": MODEL_REPOSITORY},
+                {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            ],
+            "securityContext": container_security(),
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
+        }
+    )
+    return containers
+
+
+def build_deployment(service: Service) -> dict[str, Any]:
+    spec = service.spec
+    volume, source_mount = source_volume(service)
+    health = {"port": "http", "scheme": "HTTP"}
+    container = {
+        "name": "triton",
+        "image": service.image,
+        "command": ["tritonserver"],
+        "args": triton_args(service),
+        "env": thread_env(service),
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": spec.resources.model_dump(by_alias=True),
+        "startupProbe": {
+            "httpGet": {"path": "/v2/health/ready", **health},
+            "periodSeconds": STARTUP_PROBE_PERIOD,
+            "timeoutSeconds": 2,
+            "failureThreshold": math.ceil(spec.timeouts.startup_seconds / STARTUP_PROBE_PERIOD),
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/v2/health/live", **health},
+            "periodSeconds": 10,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/v2/health/ready", **health},
+            "periodSeconds": 5,
+            "timeoutSeconds": 2,
+            "failureThreshold": 2,
+        },
+        "volumeMounts": [
+            {"name": "models", "mountPath": MODEL_REPOSITORY, "readOnly": True},
+            source_mount,
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "securityContext": container_security(),
+    }
+    deployment_spec: dict[str, Any] = {
+        "revisionHistoryLimit": 3,
+        "selector": {"matchLabels": selector_labels(service)},
+        "template": {
+            "metadata": {
+                "labels": labels(service),
+                "annotations": {
+                    CONFIG_HASH_ANNOTATION: service.config_hash,
+                    "prometheus.io/scrape": "true",
+                    "prometheus.io/port": str(METRICS_PORT),
+                },
+            },
+            "spec": {
+                "automountServiceAccountToken": False,
+                "enableServiceLinks": False,
+                "terminationGracePeriodSeconds": math.ceil(spec.timeouts.request_seconds) + 15,
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": TRITON_UID,
+                    "runAsGroup": TRITON_UID,
+                    "fsGroup": TRITON_UID,
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                "initContainers": init_containers(service, source_mount),
+                "containers": [container],
+                "volumes": [
+                    volume,
+                    {"name": "models", "emptyDir": {"sizeLimit": "16Mi"}},
+                    {"name": "config", "configMap": {"name": service.config_map_name}},
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+                ],
+            },
+        },
+    }
+    if spec.autoscaling is None:  # with an HPA the replica count is the HPA's, not ours to fight over
+        deployment_spec["replicas"] = spec.replicas
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(service, service.name), "spec": deployment_spec}
+
+
+# Triton's metrics behind the Pods metrics an adapter (e.g. prometheus-adapter) serves to the HPA.
+POD_METRICS = {"queueTime": "nv_inference_queue_duration_us", "pendingRequests": "nv_inference_pending_request_count"}
+
+
+def build_hpa(service: Service, api_version: str) -> dict[str, Any]:
+    """A HorizontalPodAutoscaler; `api_version` is autoscaling/v2 or v2beta2 (same schema), as served."""
+    autoscaling = service.spec.autoscaling
+    if autoscaling is None:
+        raise ValueError("build_hpa needs spec.autoscaling")
+    if autoscaling.metric == "cpu":
+        metric: dict[str, Any] = {
+            "type": "Resource",
+            "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": autoscaling.target}},
+        }
+    else:
+        metric = {
+            "type": "Pods",
+            "pods": {
+                "metric": {"name": POD_METRICS[autoscaling.metric]},
+                "target": {"type": "AverageValue", "averageValue": str(autoscaling.target)},
+            },
+        }
+    return {
+        "apiVersion": api_version,
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": metadata(service, service.name),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": service.name},
+            "minReplicas": autoscaling.min_replicas,
+            "maxReplicas": autoscaling.max_replicas,
+            "metrics": [metric],
+        },
+    }

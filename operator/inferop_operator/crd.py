@@ -1,0 +1,155 @@
+"""The CustomResourceDefinition, generated from the typed spec so the two cannot drift.
+
+`python -m inferop_operator.crd --write` regenerates the chart's CRD file; `--check` (in `make check`)
+fails when the committed file differs from what the spec model says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from inferop_operator.spec import GROUP, KIND, PLURAL, SHORT_NAME, VERSION, InferenceServiceSpec
+
+CRD_PATH = Path(__file__).resolve().parents[2] / "charts" / "inferop" / "crds" / f"{PLURAL}.{GROUP}.yaml"
+# Keywords a structural OpenAPI v3 schema keeps; pydantic's others (title, $defs, ...) are dropped.
+KEPT = {
+    "type", "description", "default", "enum", "pattern", "minimum", "maximum", "minLength", "maxLength",
+    "minItems", "maxItems", "items", "properties", "required", "additionalProperties", "x-kubernetes-int-or-string",
+    "anyOf", "exclusiveMinimum", "exclusiveMaximum",
+}  # fmt: skip
+
+
+def structural(schema: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
+    """Turn a pydantic JSON schema node into a structural OpenAPI v3 schema node."""
+    if "$ref" in schema:
+        resolved = definitions[schema["$ref"].rsplit("/", 1)[-1]]
+        return structural({**resolved, **{k: v for k, v in schema.items() if k != "$ref"}}, definitions)
+    branches = schema.get("anyOf")
+    if branches and not schema.get("x-kubernetes-int-or-string"):
+        present = [b for b in branches if b.get("type") != "null"]
+        if len(present) == 1:  # Optional[X]: absent means unset
+            rest = {k: v for k, v in schema.items() if k not in ("anyOf", "default") or (k == "default" and v is not None)}
+            return structural({**present[0], **rest}, definitions)
+    node: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key not in KEPT or (key == "additionalProperties" and value is False):
+            continue
+        if key == "properties":
+            node[key] = {name: structural(child, definitions) for name, child in value.items()}
+        elif key in ("items", "additionalProperties"):
+            node[key] = structural(value, definitions)
+        elif key == "anyOf":
+            node[key] = [{"type": b["type"]} for b in value]
+        elif key == "description":
+            node[key] = " ".join(value.split())
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):  # JSON Schema 2020 numbers -> OpenAPI 3.0 booleans
+            node["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            node[key] = True
+        else:
+            node[key] = copy.deepcopy(value)
+    if node.get("type") == "object" and "properties" in node and not node.get("required") and "default" not in node:
+        node["default"] = {}  # so the apiserver fills the defaults of a section the user left out
+    return node
+
+
+def spec_schema() -> dict[str, Any]:
+    schema = InferenceServiceSpec.model_json_schema(by_alias=True)
+    return structural(schema, schema.get("$defs", {}))
+
+
+def build_crd() -> dict[str, Any]:
+    spec = spec_schema()
+    spec.pop("default", None)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}", "labels": {"app.kubernetes.io/part-of": "inferop"}},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "shortNames": [SHORT_NAME],
+                "categories": ["inferop"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "A model served by NVIDIA Triton Inference Server, reconciled by inferop.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec,
+                                "status": {
+                                    "type": "object",
+                                    "description": "Observed state: phase, conditions, URL, replicas, effective threads and memory estimate.",
+                                    "x-kubernetes-preserve-unknown-fields": True,
+                                },
+                            },
+                        }
+                    },
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": [
+                        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                        {"name": "URL", "type": "string", "jsonPath": ".status.url"},
+                        {"name": "Replicas", "type": "integer", "jsonPath": ".status.readyReplicas"},
+                        {"name": "Threads", "type": "string", "jsonPath": ".status.threads.summary"},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def render_crd() -> str:
+    header = "# Generated from inferop_operator/spec.py by `make crd`; `make check` fails if it drifts.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--write", action="store_true", help=f"write {CRD_PATH}")
+    action.add_argument("--check", action="store_true", help="fail if the committed CRD differs from the spec model")
+    action.add_argument("--print", action="store_true", help="print the CRD")
+    args = parser.parse_args(argv)
+    text = render_crd()
+    if args.print:
+        sys.stdout.write(text)
+    elif args.write:
+        CRD_PATH.parent.mkdir(parents=True, exist_ok=True)
+        CRD_PATH.write_text(text)
+        print(f"wrote {CRD_PATH}")
+    elif not CRD_PATH.exists() or CRD_PATH.read_text() != text:
+        print(f"{CRD_PATH} is out of date with inferop_operator/spec.py: run `make crd`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

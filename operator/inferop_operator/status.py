@@ -1,0 +1,133 @@
+"""Status that tells the truth: phase, conditions, replicas and URL, derived from facts, never assumed.
+
+Pure functions: the handlers pass in what they know (the plan or the refusal, the Deployment's status)
+and patch what these return.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from inferop_operator.builders import Service, selector_labels
+
+CONDITION_TYPES = ("Valid", "ThreadBudget", "MemoryFit", "Available", "Ready")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(kind: str, ok: bool | None, reason: str, message: str) -> dict[str, str]:
+    return {"type": kind, "status": {True: "True", False: "False", None: "Unknown"}[ok], "reason": reason, "message": message}
+
+
+def merge_conditions(previous: list[dict[str, Any]] | None, current: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """Conditions in a fixed order; lastTransitionTime moves only when a condition's status changes."""
+    before = {c.get("type"): c for c in previous or []}
+    merged = []
+    for item in sorted(current, key=lambda c: CONDITION_TYPES.index(c["type"])):
+        old = before.get(item["type"])
+        changed = old is None or old.get("status") != item["status"]
+        merged.append({**item, "lastTransitionTime": now() if changed else old.get("lastTransitionTime", now())})
+    return merged
+
+
+def invalid_status(message: str, generation: int | None, previous: list[dict[str, Any]] | None) -> dict[str, Any]:
+    return {
+        "phase": "Failed",
+        "observedGeneration": generation,
+        "conditions": merge_conditions(
+            previous,
+            [
+                condition("Valid", False, "InvalidSpec", message),
+                condition("Ready", False, "InvalidSpec", "the spec is invalid; nothing was deployed for it"),
+            ],
+        ),
+    }
+
+
+def refused_status(
+    condition_type: str, reason: str, message: str, generation: int | None, previous: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    checks = [condition("Valid", True, "SpecValid", "the spec is valid"), condition(condition_type, False, reason, message)]
+    if condition_type == "MemoryFit":  # memory is checked after the thread budget, which therefore passed
+        checks.append(condition("ThreadBudget", True, "WithinBudget", "the thread budget fits"))
+    checks.append(condition("Ready", False, reason, f"refused before any pod was created: {message}"))
+    return {
+        "phase": "Failed",
+        "observedGeneration": generation,
+        "conditions": merge_conditions(previous, checks),
+    }
+
+
+def plan_status(service: Service) -> dict[str, Any]:
+    """The effective numbers a user needs to trust the deployment: threads and the memory estimate."""
+    plan = service.plan
+    threads, memory = plan.threads, plan.memory
+    return {
+        "threads": {
+            "cpus": threads.cpus,
+            "cpuSource": plan.cpu_source,
+            "instances": threads.instances,
+            "intraOp": threads.intra_op,
+            "interOp": threads.inter_op,
+            "summary": f"{threads.instances}x({threads.intra_op}+{threads.inter_op})/{threads.cpu_slots}cpu",
+        },
+        "memory": {
+            "requiredBytes": memory.required_bytes,
+            **({"availableBytes": int(memory.available_bytes)} if memory.available_bytes is not None else {}),
+        },
+        "selector": ",".join(f"{k}={v}" for k, v in selector_labels(service).items()),
+    }
+
+
+def deployed_status(
+    service: Service, deployment: dict[str, Any] | None, generation: int | None, previous: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """Status of a deployed service, from its plan and the Deployment's own status."""
+    deployment_status = (deployment or {}).get("status") or {}
+    desired = ((deployment or {}).get("spec") or {}).get("replicas", 0)
+    ready = int(deployment_status.get("readyReplicas") or 0)
+    current = int(deployment_status.get("replicas") or 0)
+    caught_up = (deployment or {}).get("metadata", {}).get("generation") == deployment_status.get("observedGeneration")
+    available = next((c for c in deployment_status.get("conditions") or [] if c.get("type") == "Available"), None)
+
+    if deployment is None:
+        ready_condition = condition("Ready", False, "DeploymentMissing", "the Deployment does not exist yet")
+    elif desired == 0:
+        ready_condition = condition("Ready", False, "ScaledToZero", "replicas is 0: nothing serves requests")
+    elif ready >= desired and caught_up:
+        ready_condition = condition("Ready", True, "AllReplicasReady", f"{ready}/{desired} replicas ready")
+    else:
+        ready_condition = condition("Ready", False, "ReplicasNotReady", f"{ready}/{desired} replicas ready")
+    if available is None:
+        available_condition = condition("Available", None, "NoDeploymentStatus", "the Deployment has reported no status yet")
+    else:
+        available_condition = condition(
+            "Available", available.get("status") == "True", available.get("reason", "Unknown"), available.get("message", "")
+        )
+    memory = service.plan.memory
+    memory_condition = (
+        condition("MemoryFit", True, "Fits", memory.explain(service.spec))
+        if memory.available_bytes is not None
+        else condition("MemoryFit", None, "NotChecked", memory.explain(service.spec))
+    )
+    return {
+        "phase": "Ready" if ready_condition["status"] == "True" else "Progressing",
+        "url": service.url,
+        "replicas": current,
+        "readyReplicas": ready,
+        "observedGeneration": generation,
+        **plan_status(service),
+        "conditions": merge_conditions(
+            previous,
+            [
+                condition("Valid", True, "SpecValid", "the spec is valid"),
+                condition("ThreadBudget", True, "WithinBudget", service.plan.threads.explain()),
+                memory_condition,
+                available_condition,
+                ready_condition,
+            ],
+        ),
+    }

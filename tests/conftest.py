@@ -1,0 +1,135 @@
+"""Shared fixtures: the tiny conv net's sizes, Inception built once, and the real tritonserver.
+
+The expensive things (building Inception, exporting it, starting tritonserver) happen once per session;
+fixtures for them skip with a reason that says how to get what is missing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+# A policy/value net small enough to export in a couple of seconds.
+TINY = {"rows": 6, "cols": 5, "depth": 2, "hidden": 8, "moves": 5}
+
+# Serving settings of the integration repository. The queue delay is long enough that concurrent batch-1
+# requests meet in the dynamic batcher; one instance each, so a long request keeps the model busy.
+SERVING = {
+    "conv_net": {
+        "max_batch_size": 8,
+        "instances": 1,
+        "intra_op_threads": 1,
+        "inter_op_threads": 1,
+        "max_queue_delay_microseconds": 20_000,
+        "max_queue_size": 32,
+        "request_timeout_microseconds": 5_000_000,
+    },
+    "inception_v3": {
+        "max_batch_size": 8,
+        "instances": 1,
+        "intra_op_threads": 2,
+        "inter_op_threads": 1,
+        "max_queue_delay_microseconds": 20_000,
+        "max_queue_size": 16,
+        "request_timeout_microseconds": 10_000_000,
+    },
+}
+
+SERVE_EXTRA = "install the serving extra: .venv/bin/pip install -e '.[serve]' (or make install)"
+EXPORT_EXTRA = "install the export extra: .venv/bin/pip install -e '.[export]' (or make install)"
+
+
+def wait_until(probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def poll() -> Callable[..., Any]:
+    """`wait_until` for tests: poll(probe, timeout, what)."""
+    return wait_until
+
+
+@pytest.fixture(scope="session")
+def inception_network() -> Any:
+    """catalog.inception_v3(): seeded random weights with recalibrated BatchNorm, built once."""
+    pytest.importorskip("torchvision", reason=EXPORT_EXTRA)
+    from inferop_export import catalog
+
+    return catalog.inception_v3()
+
+
+@dataclass(frozen=True)
+class ExportedRepo:
+    path: Path
+    reports: dict[str, Any]  # model name -> inferop_export.exporter.ExportReport
+
+    def model_path(self, model: str) -> Path:
+        return Path(self.reports[model].model_path)
+
+
+@pytest.fixture(scope="session")
+def model_repo(tmp_path_factory: pytest.TempPathFactory, inception_network: Any) -> ExportedRepo:
+    """A Triton repository with the tiny conv net and the real Inception V3, exported and verified."""
+    from inferop_export import catalog
+    from inferop_export.exporter import export_network
+
+    repo = tmp_path_factory.mktemp("model_repo")
+    reports = {
+        "conv_net": export_network(catalog.conv_net(**TINY), repo, serving=SERVING["conv_net"], quiet=True),
+        "inception_v3": export_network(inception_network, repo, serving=SERVING["inception_v3"], quiet=True),
+    }
+    return ExportedRepo(path=repo, reports=reports)
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    server: Any  # inferop.serving.tritonserver.TritonServer
+    initial_statistics: dict[str, dict[str, Any]]  # per model, read right after the server became ready
+
+    @property
+    def url(self) -> str:
+        return str(self.server.url)
+
+
+@pytest.fixture(scope="session")
+def triton(model_repo: ExportedRepo) -> Iterator[RunningServer]:
+    """The real tritonserver on `model_repo`, started once, on free ports."""
+    pytest.importorskip("pytriton", reason=SERVE_EXTRA)
+    import tritonclient.http as httpclient
+
+    from inferop.serving.tritonserver import TritonServer, free_port
+
+    with TritonServer(model_repo.path, http_port=free_port()) as server:
+        client = httpclient.InferenceServerClient(server.url, network_timeout=30)
+        try:
+            initial = {
+                model: client.get_inference_statistics(model)["model_stats"][0] for model in model_repo.reports
+            }
+        finally:
+            client.close()  # an open connection would hold up the server's shutdown
+        yield RunningServer(server=server, initial_statistics=initial)
+
+
+@pytest.fixture
+def client(triton: RunningServer) -> Iterator[Any]:
+    """An HTTP client with a network timeout, so a request that hangs fails the test instead."""
+    import tritonclient.http as httpclient
+
+    connection = httpclient.InferenceServerClient(triton.url, connection_timeout=10, network_timeout=30)
+    yield connection
+    connection.close()

@@ -1,0 +1,133 @@
+"""Fixtures for tests against the real control plane: one cluster and one operator per session, a
+namespace per test. The control plane has no kubelet: Pods stay Pending unless a test marks them ready."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from inferop.cluster.controlplane import ControlPlane
+from inferop.paths import repo_root
+
+REPO = repo_root()
+CRD_DIR = REPO / "charts" / "inferop" / "crds"
+EXAMPLES = REPO / "operator" / "examples"
+RESYNC_SECONDS = 2
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T | None], timeout: float = 20.0, what: str = "condition", interval: float = 0.2) -> T:
+    """Poll `check` until it returns something truthy; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def kube_tools_dir() -> Path:
+    out = subprocess.run(["bash", str(REPO / "scripts" / "helm-kubectl.sh")], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        pytest.skip(f"helm/kubectl unavailable (run scripts/helm-kubectl.sh): {out.stderr.strip()[-300:]}")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+class Kubectl:
+    """The real kubectl against the test cluster; JSON in, JSON out."""
+
+    def __init__(self, kubeconfig: Path, tools: Path):
+        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
+        self.binary = str(tools / "kubectl")
+
+    def run(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([self.binary, *args], env=self.env, capture_output=True, text=True, input=stdin, timeout=60)
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+        return result
+
+    def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+        result = self.run("get", kind, name, "-n", namespace, "-o", "json", check=False)
+        if result.returncode != 0:
+            if "NotFound" in result.stderr:
+                return None
+            raise AssertionError(result.stderr)
+        return dict(json.loads(result.stdout))
+
+    def apply(self, namespace: str, *paths: Path) -> subprocess.CompletedProcess[str]:
+        args = ["apply", "-n", namespace]
+        for path in paths:
+            args += ["-f", str(path)]
+        return self.run(*args, check=False)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"))
+    try:
+        plane.up()
+    except Exception as error:  # a missing binary says how to get it
+        plane.down()
+        pytest.fail(f"control plane did not start: {error}")
+    yield plane
+    plane.down()
+
+
+@pytest.fixture(scope="session")
+def kubectl(control_plane: ControlPlane) -> Kubectl:
+    tool = Kubectl(control_plane.kubeconfig, kube_tools_dir())
+    tool.run("apply", "-f", str(CRD_DIR))
+    tool.run("wait", "--for=condition=Established", "--timeout=30s", "crd/inferenceservices.inferop.dev")
+    return tool
+
+
+class OperatorRunner:
+    """The operator under kopf's test runner, watching all namespaces; restartable."""
+
+    ARGS = ["run", "--standalone", "--all-namespaces", "-m", "inferop_operator.handlers"]
+
+    def __init__(self) -> None:
+        from kopf.testing import KopfRunner
+
+        self._factory = lambda: KopfRunner(self.ARGS, timeout=60)
+        self.runner: Any = None
+
+    def start(self) -> None:
+        self.runner = self._factory()
+        self.runner.__enter__()
+
+    def stop(self) -> None:
+        self.runner.__exit__(None, None, None)
+        assert self.runner.exception is None, self.runner.exception
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture(scope="session")
+def operator(kubectl: Kubectl, control_plane: ControlPlane) -> Iterator[OperatorRunner]:
+    os.environ["KUBECONFIG"] = str(control_plane.kubeconfig)
+    os.environ["INFEROP_RESYNC_SECONDS"] = str(RESYNC_SECONDS)  # read when the handlers are imported
+    runner = OperatorRunner()
+    runner.start()
+    yield runner
+    runner.stop()
+
+
+@pytest.fixture()
+def namespace(kubectl: Kubectl) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    kubectl.run("create", "namespace", name)
+    yield name
+    kubectl.run("delete", "namespace", name, "--wait=false", check=False)

@@ -1,0 +1,255 @@
+"""The operator against the real control plane: what `kubectl apply` of an InferenceService produces."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+import yaml
+
+from inferop.tritonconfig import parse_model_config
+from inferop_operator.builders import CONFIG_HASH_ANNOTATION
+from tests.kube.conftest import EXAMPLES, RESYNC_SECONDS, Kubectl, OperatorRunner, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("operator")]
+
+
+def condition(service: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    return next((c for c in ((service or {}).get("status") or {}).get("conditions", []) if c["type"] == kind), None)
+
+
+def env_of(deployment: dict[str, Any]) -> dict[str, str]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def manifest(name: str, **spec: Any) -> str:
+    """An InferenceService of the small example network, with `spec` fields laid over it."""
+    base = yaml.safe_load((EXAMPLES / "conv-net.yaml").read_text())
+    base["metadata"]["name"] = name
+    base["spec"].update(spec)
+    return yaml.safe_dump(base)
+
+
+def apply_text(kubectl: Kubectl, namespace: str, text: str) -> None:
+    kubectl.run("apply", "-n", namespace, "-f", "-", stdin=text)
+
+
+class TestApplyExamples:
+    def test_examples_become_configmap_deployment_service_and_hpa(self, kubectl: Kubectl, namespace: str) -> None:
+        result = kubectl.apply(namespace, EXAMPLES / "conv-net.yaml", EXAMPLES / "inception-v3.yaml")
+        assert result.returncode == 0, result.stderr
+
+        deployment = wait_for(lambda: kubectl.get("deployment", "conv-net", namespace), what="conv-net Deployment")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["resources"] == {"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi"}}
+        assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
+        # 2 CPUs / 2 instances: one intra-op thread each, and every math library told the same.
+        assert env_of(deployment) == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+        assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+        assert container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"] >= 60
+        assert deployment["spec"]["replicas"] == 1
+        owner = deployment["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"], owner["controller"]) == ("InferenceService", "conv-net", True)
+
+        config_map = wait_for(lambda: kubectl.get("configmap", "conv-net-config", namespace), what="ConfigMap")
+        config = parse_model_config(config_map["data"]["config.pbtxt"])
+        assert config.platform == "onnxruntime_onnx"
+        assert config.max_batch_size == 16
+        assert config.instance_group[0].count == 2
+        assert config.dynamic_batching.default_queue_policy.default_timeout_microseconds == 2_000_000
+        assert config.dynamic_batching.default_queue_policy.max_queue_size == 128
+        assert config.parameters["intra_op_thread_count"].string_value == "1"
+
+        service = wait_for(lambda: kubectl.get("service", "conv-net", namespace), what="Service")
+        assert {p["name"] for p in service["spec"]["ports"]} == {"http", "grpc", "metrics"}
+
+        # Kubernetes 1.20 serves autoscaling/v2beta2 only: the operator discovered it.
+        hpa = wait_for(lambda: kubectl.get("horizontalpodautoscalers.v2beta2.autoscaling", "inception-v3", namespace), what="HPA")
+        assert hpa["spec"]["maxReplicas"] == 4
+        assert hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 70
+        wait_for(lambda: kubectl.get("deployment", "inception-v3", namespace), what="inception Deployment")
+        shown = kubectl.run("-n", namespace, "get", "deployment", "inception-v3", "--show-managed-fields", "-o", "json")
+        inception = json.loads(shown.stdout)
+        ours = next(f for f in inception["metadata"]["managedFields"] if f["manager"] == "inferop")
+        assert "f:replicas" not in json.dumps(ours["fieldsV1"]["f:spec"]), "the replica count is the HPA's"
+
+        status = wait_for(lambda: (kubectl.get("infsvc", "conv-net", namespace) or {}).get("status", {}).get("threads"), what="status")
+        assert status == {"cpus": 2, "cpuSource": "limit", "instances": 2, "intraOp": 1, "interOp": 1, "summary": "2x(1+1)/2cpu"}
+
+    @pytest.mark.parametrize(
+        ("example", "message"),
+        [
+            ("unknown-scheme.yaml", "spec.model.storageUri in body should match"),
+            ("bad-autoscaling.yaml", 'spec.autoscaling.metric: Unsupported value: "gpuUtilisation"'),
+            ("bad-autoscaling.yaml", "spec.batching.maxBatchSize in body should be greater than or equal to 1"),
+        ],
+    )
+    def test_schema_rejects_invalid_examples_with_the_apiservers_message(
+        self, kubectl: Kubectl, namespace: str, example: str, message: str
+    ) -> None:
+        result = kubectl.apply(namespace, EXAMPLES / "invalid" / example)
+        assert result.returncode != 0
+        assert message in result.stderr
+
+
+class TestRefusals:
+    def test_oversubscription_is_refused_with_arithmetic_and_no_pods(self, kubectl: Kubectl, namespace: str) -> None:
+        assert kubectl.apply(namespace, EXAMPLES / "refused" / "oversubscribed.yaml").returncode == 0
+        budget = wait_for(lambda: condition(kubectl.get("infsvc", "oversubscribed", namespace), "ThreadBudget"), what="ThreadBudget")
+        assert (budget["status"], budget["reason"]) == ("False", "Oversubscribed")
+        assert "4 instance(s) x (2 intra-op + 1 inter-op - 1) = 8 threads on 2 CPU(s)" in budget["message"]
+        assert "threads.intraOp=1" in budget["message"]
+        service = kubectl.get("infsvc", "oversubscribed", namespace)
+        assert service is not None and service["status"]["phase"] == "Failed"
+        events = wait_for(lambda: _events(kubectl, namespace, "Oversubscribed"), what="Warning event")
+        assert events[0]["type"] == "Warning"
+        assert kubectl.get("deployment", "oversubscribed", namespace) is None
+
+    def test_memory_that_cannot_fit_is_refused_with_what_would_fit(self, kubectl: Kubectl, namespace: str) -> None:
+        assert kubectl.apply(namespace, EXAMPLES / "refused" / "out-of-memory.yaml").returncode == 0
+        fit = wait_for(lambda: condition(kubectl.get("infsvc", "out-of-memory", namespace), "MemoryFit"), what="MemoryFit")
+        assert (fit["status"], fit["reason"]) == ("False", "InsufficientMemory")
+        assert "2.99Gi against 1Gi" in fit["message"]
+        assert "batching.maxBatchSize <= 15" in fit["message"] and "instances <= 1" in fit["message"]
+        assert _events(kubectl, namespace, "InsufficientMemory")
+        assert kubectl.get("deployment", "out-of-memory", namespace) is None
+
+    def test_allowing_oversubscription_deploys_with_a_warning(self, kubectl: Kubectl, namespace: str) -> None:
+        apply_text(kubectl, namespace, manifest("allowed", instances=4, threads={"intraOp": 2, "allowOversubscription": True}))
+        deployment = wait_for(lambda: kubectl.get("deployment", "allowed", namespace), what="Deployment")
+        assert env_of(deployment)["OMP_NUM_THREADS"] == "2"
+        warnings = wait_for(lambda: [e for e in _events(kubectl, namespace, "Warning") if "oversubscription allowed" in e["message"]], what="warning")
+        assert "8 threads on 2 CPU(s)" in warnings[0]["message"]
+
+    def test_invalid_spec_is_reported_and_does_not_stall_others(self, kubectl: Kubectl, namespace: str) -> None:
+        # The schema accepts it; the operator's own validation (maxReplicas >= minReplicas) does not.
+        apply_text(kubectl, namespace, manifest("bad-range", autoscaling={"minReplicas": 3, "maxReplicas": 2, "target": 50}))
+        apply_text(kubectl, namespace, manifest("good"))
+        valid = wait_for(lambda: condition(kubectl.get("infsvc", "bad-range", namespace), "Valid"), what="Valid condition")
+        assert (valid["status"], valid["reason"]) == ("False", "InvalidSpec")
+        assert "spec.autoscaling" in valid["message"] and "maxReplicas (2) must be >= minReplicas (3)" in valid["message"]
+        assert wait_for(lambda: kubectl.get("deployment", "good", namespace), what="the valid service's Deployment")
+        assert kubectl.get("deployment", "bad-range", namespace) is None
+
+
+class TestConvergence:
+    def test_spec_edits_patch_the_children_and_roll_the_pods(self, kubectl: Kubectl, namespace: str) -> None:
+        apply_text(kubectl, namespace, manifest("edited"))
+        first = wait_for(lambda: kubectl.get("deployment", "edited", namespace), what="Deployment")
+        first_hash = first["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+
+        apply_text(
+            kubectl,
+            namespace,
+            manifest("edited", instances=1, batching={"maxBatchSize": 4}, resources={"limits": {"cpu": "2", "memory": "2Gi"}}),
+        )
+
+        def updated() -> dict[str, Any] | None:
+            deployment = kubectl.get("deployment", "edited", namespace)
+            return deployment if deployment and env_of(deployment)["OMP_NUM_THREADS"] == "2" else None
+
+        deployment = wait_for(updated, what="threads recomputed for 1 instance on 2 CPUs")
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"] == {"limits": {"cpu": "2", "memory": "2Gi"}}
+        assert deployment["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] != first_hash
+        config = parse_model_config(kubectl.get("configmap", "edited-config", namespace)["data"]["config.pbtxt"])  # type: ignore[index]
+        assert (config.max_batch_size, config.instance_group[0].count) == (4, 1)
+
+    def test_autoscaling_added_then_removed(self, kubectl: Kubectl, namespace: str) -> None:
+        apply_text(kubectl, namespace, manifest("scaled", autoscaling={"minReplicas": 1, "maxReplicas": 3, "metric": "pendingRequests", "target": 4}))
+        hpa = wait_for(lambda: kubectl.get("horizontalpodautoscalers.v2beta2.autoscaling", "scaled", namespace), what="HPA")
+        assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "nv_inference_pending_request_count"
+        apply_text(kubectl, namespace, manifest("scaled"))
+        wait_for(lambda: kubectl.get("hpa", "scaled", namespace) is None, what="HPA deleted")
+
+    def test_manual_edits_of_children_are_reverted(self, kubectl: Kubectl, namespace: str) -> None:
+        apply_text(kubectl, namespace, manifest("drift"))
+        wait_for(lambda: kubectl.get("deployment", "drift", namespace), what="Deployment")
+        kubectl.run("-n", namespace, "set", "env", "deployment/drift", "OMP_NUM_THREADS=16")
+        kubectl.run("-n", namespace, "scale", "deployment/drift", "--replicas=5")
+        kubectl.run("-n", namespace, "patch", "configmap", "drift-config", "--type=merge", "-p", '{"data":{"config.pbtxt":"name: \\"x\\""}}')
+
+        def reverted() -> bool:
+            deployment = kubectl.get("deployment", "drift", namespace) or {}
+            config_map = kubectl.get("configmap", "drift-config", namespace) or {}
+            return (
+                env_of(deployment).get("OMP_NUM_THREADS") == "1"
+                and deployment["spec"]["replicas"] == 1
+                and config_map["data"]["config.pbtxt"].startswith('name: "conv_net"')
+            )
+
+        wait_for(reverted, timeout=RESYNC_SECONDS * 5 + 10, what="drift reverted")
+
+    def test_deleting_the_service_removes_its_children(self, kubectl: Kubectl, namespace: str) -> None:
+        apply_text(kubectl, namespace, manifest("doomed"))
+        wait_for(lambda: kubectl.get("service", "doomed", namespace), what="Service")
+        kubectl.run("-n", namespace, "delete", "infsvc", "doomed")
+        for kind, name in (("deployment", "doomed"), ("configmap", "doomed-config"), ("service", "doomed")):
+            wait_for(lambda kind=kind, name=name: kubectl.get(kind, name, namespace) is None, what=f"{kind} garbage-collected")
+
+
+class TestStatus:
+    def test_status_follows_the_deployment_to_ready(self, kubectl: Kubectl, namespace: str) -> None:
+        """Without a kubelet, Pods stay Pending: the test marks the Pod ready in its status, as a kubelet would,
+        and the ReplicaSet and Deployment controllers carry that up to the Deployment's status."""
+        apply_text(kubectl, namespace, manifest("ready-check"))
+        service = wait_for(lambda: kubectl.get("infsvc", "ready-check", namespace) if condition(kubectl.get("infsvc", "ready-check", namespace), "Ready") else None, what="status")
+        assert service["status"]["phase"] == "Progressing"
+        assert condition(service, "Ready")["reason"] == "ReplicasNotReady"  # type: ignore[index]
+        assert service["status"]["url"] == f"http://ready-check.{namespace}.svc:8000"
+        assert service["status"]["observedGeneration"] == service["metadata"]["generation"]
+
+        pod = wait_for(lambda: _pod_of(kubectl, namespace, "ready-check"), what="Pod")
+        ready = {"type": "Ready", "status": "True"}
+        kubectl.run(
+            "-n", namespace, "patch", "pod", pod, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": {"phase": "Running", "conditions": [ready, {"type": "ContainersReady", "status": "True"}]}}),
+        )  # fmt: skip
+
+        def is_ready() -> dict[str, Any] | None:
+            current = kubectl.get("infsvc", "ready-check", namespace)
+            return current if (condition(current, "Ready") or {}).get("status") == "True" else None
+
+        service = wait_for(is_ready, what="Ready condition")
+        assert service["status"]["phase"] == "Ready"
+        assert (service["status"]["replicas"], service["status"]["readyReplicas"]) == (1, 1)
+        assert condition(service, "Available")["status"] == "True"  # type: ignore[index]
+        printed = kubectl.run("-n", namespace, "get", "infsvc", "ready-check").stdout
+        assert "2x(1+1)/2cpu" in printed and f"http://ready-check.{namespace}.svc:8000" in printed
+
+    def test_restarting_the_operator_changes_nothing(self, kubectl: Kubectl, namespace: str, operator: OperatorRunner) -> None:
+        apply_text(kubectl, namespace, manifest("steady"))
+        # Converged: the Deployment controller has reported and the operator has followed it.
+        wait_for(
+            lambda: (condition(kubectl.get("infsvc", "steady", namespace), "Available") or {}).get("reason") == "MinimumReplicasUnavailable",
+            what="status following the Deployment",
+        )
+
+        def versions() -> dict[str, str]:
+            return {
+                kind: (kubectl.get(kind, name, namespace) or {})["metadata"]["resourceVersion"]
+                for kind, name in (("deployment", "steady"), ("configmap", "steady-config"), ("service", "steady"), ("infsvc", "steady"))
+            }
+
+        before = versions()
+        operator.restart()
+        # Nothing happening can only be observed over time: the restarted operator resumes and
+        # re-applies everything at least twice in this window.
+        time.sleep(RESYNC_SECONDS * 3)
+        assert versions() == before
+        # ...and it is alive: an edit made now is applied.
+        apply_text(kubectl, namespace, manifest("steady", instances=1))
+        wait_for(lambda: env_of(kubectl.get("deployment", "steady", namespace) or {}).get("OMP_NUM_THREADS") == "2", what="edit applied")
+
+
+def _events(kubectl: Kubectl, namespace: str, reason: str) -> list[dict[str, Any]]:
+    items = json.loads(kubectl.run("-n", namespace, "get", "events", "-o", "json").stdout)["items"]
+    return [e for e in items if e.get("reason") == reason or (reason == "Warning" and e.get("type") == "Warning")]
+
+
+def _pod_of(kubectl: Kubectl, namespace: str, instance: str) -> str | None:
+    result = kubectl.run("-n", namespace, "get", "pods", "-l", f"app.kubernetes.io/instance={instance}", "-o", "name")
+    names = result.stdout.split()
+    return names[0].removeprefix("pod/") if names else None

@@ -1,0 +1,158 @@
+"""`inferop infer` and `inferop bench` without a server: preprocessing, boards, softmax, statistics."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from inferop.bench import percentiles, statistics_delta
+from inferop.client import IMAGENET_MEAN, IMAGENET_STD, InferError, load_board, preprocess_image, softmax
+
+
+class TestPreprocessImage:
+    @pytest.mark.parametrize("size", [(400, 300), (299, 299), (120, 500), (1000, 1000)])
+    @pytest.mark.parametrize("colour", [(200, 100, 50), (0, 255, 17)])
+    def test_solid_colour_is_imagenet_normalised(
+        self, tmp_path: Path, size: tuple[int, int], colour: tuple[int, int, int]
+    ) -> None:
+        path = tmp_path / "solid.png"
+        Image.new("RGB", size, colour).save(path)
+        pixels = preprocess_image(path, 299)
+        assert pixels.shape == (3, 299, 299)
+        assert pixels.dtype == np.float32
+        expected = (np.array(colour, dtype=np.float32) / 255 - IMAGENET_MEAN) / IMAGENET_STD
+        np.testing.assert_allclose(pixels, np.broadcast_to(expected[:, None, None], pixels.shape), atol=1e-5)
+
+    def test_channels_come_first_and_the_centre_is_kept(self, tmp_path: Path) -> None:
+        # Left third red, the rest blue: after the centre crop of a 600x300 image the crop starts inside red.
+        image = Image.new("RGB", (600, 300), (0, 0, 255))
+        image.paste((255, 0, 0), (0, 0, 200, 300))
+        path = tmp_path / "halves.png"
+        image.save(path)
+        pixels = preprocess_image(path, 299)
+        red = (1 - IMAGENET_MEAN[0]) / IMAGENET_STD[0]
+        blue = (1 - IMAGENET_MEAN[2]) / IMAGENET_STD[2]
+        assert pixels[0, 150, 0] == pytest.approx(red, abs=1e-5)  # left edge of the crop: red
+        assert pixels[2, 150, 298] == pytest.approx(blue, abs=1e-5)  # right edge: blue
+
+    def test_grey_and_palette_images_become_rgb(self, tmp_path: Path) -> None:
+        path = tmp_path / "grey.png"
+        Image.new("L", (320, 320), 128).save(path)
+        assert preprocess_image(path, 299).shape == (3, 299, 299)
+
+    @pytest.mark.parametrize("content", [None, b"not an image"], ids=["missing", "not an image"])
+    def test_unreadable_image_names_the_file(self, tmp_path: Path, content: bytes | None) -> None:
+        path = tmp_path / "cat.png"
+        if content is not None:
+            path.write_bytes(content)
+        with pytest.raises(InferError, match=re.escape(f"image {path}")):
+            preprocess_image(path, 299)
+
+
+BOARD = [[0, 1, -1, 0, 0], [1, 1, 0, 0, -1], [0, 0, 0, 0, 0], [-1, 0, 1, 0, 0], [0, 0, 0, 0, 1], [1, -1, 0, 0, 0]]
+
+
+class TestLoadBoard:
+    def test_from_text_rows(self, tmp_path: Path) -> None:
+        path = tmp_path / "board.txt"
+        path.write_text("\n".join(" ".join(str(c) for c in row) for row in BOARD) + "\n")
+        board = load_board(path, [1, 6, 5], seed=0)
+        assert board.dtype == np.float32
+        np.testing.assert_array_equal(board, np.array(BOARD, dtype=np.float32)[None])
+
+    def test_from_npy(self, tmp_path: Path) -> None:
+        path = tmp_path / "board.npy"
+        np.save(path, np.array(BOARD, dtype=np.int64))
+        np.testing.assert_array_equal(load_board(path, [1, 6, 5], seed=0), np.array(BOARD, dtype=np.float32)[None])
+
+    def test_random_board_is_seeded_and_holds_stones(self) -> None:
+        board = load_board(None, [1, 6, 5], seed=4)
+        assert board.shape == (1, 6, 5)
+        assert set(np.unique(board)) <= {-1.0, 0.0, 1.0}
+        np.testing.assert_array_equal(board, load_board(None, [1, 6, 5], seed=4))
+        assert not np.array_equal(board, load_board(None, [1, 6, 5], seed=5))
+
+    @pytest.mark.parametrize("suffix", [".txt", ".npy"])
+    def test_wrong_size_names_the_file_and_both_shapes(self, tmp_path: Path, suffix: str) -> None:
+        path = tmp_path / f"small{suffix}"
+        small = np.zeros((4, 4), dtype=np.float32)
+        if suffix == ".npy":
+            np.save(path, small)
+        else:
+            np.savetxt(path, small)
+        with pytest.raises(InferError, match=re.escape(f"board {path}: [4, 4] cells do not fit the model's board [1, 6, 5]")):
+            load_board(path, [1, 6, 5], seed=0)
+
+    def test_unreadable_file_names_the_file(self, tmp_path: Path) -> None:
+        path = tmp_path / "board.txt"
+        path.write_text("x o x\n")
+        with pytest.raises(InferError, match=re.escape(f"board {path}")):
+            load_board(path, [1, 1, 3], seed=0)
+
+
+class TestSoftmax:
+    def test_probabilities_in_the_ratio_of_the_exponentials(self) -> None:
+        probabilities = softmax(np.array([1.0, 2.0, 3.0]))
+        assert probabilities.sum() == pytest.approx(1.0)
+        assert probabilities[2] / probabilities[1] == pytest.approx(np.e)
+        np.testing.assert_allclose(probabilities, np.exp([1, 2, 3]) / np.exp([1, 2, 3]).sum())
+
+    def test_large_logits_do_not_overflow(self) -> None:
+        probabilities = softmax(np.array([1000.0, 1001.0]))
+        np.testing.assert_allclose(probabilities, [1 / (1 + np.e), np.e / (1 + np.e)])
+
+
+def statistics(success: int, queue_ns: int, compute_ns: tuple[int, int, int], inferences: int, executions: int) -> Any:
+    """The shape of one `get_inference_statistics(model)` answer."""
+    compute_input, compute_infer, compute_output = compute_ns
+    return {
+        "model_stats": [
+            {
+                "name": "conv_net",
+                "version": "1",
+                "inference_count": inferences,
+                "execution_count": executions,
+                "inference_stats": {
+                    "success": {"count": success, "ns": 0},
+                    "fail": {"count": 0, "ns": 0},
+                    "queue": {"count": success, "ns": queue_ns},
+                    "compute_input": {"count": success, "ns": compute_input},
+                    "compute_infer": {"count": success, "ns": compute_infer},
+                    "compute_output": {"count": success, "ns": compute_output},
+                },
+            }
+        ]
+    }
+
+
+class TestStatisticsDelta:
+    def test_per_request_times_and_mean_batch_of_the_difference(self) -> None:
+        # Warm-up before: 9 samples in 2 executions. Then 10 requests of 2 samples in 4 executions.
+        before = statistics(9, 5_000_000, (1_000_000, 20_000_000, 1_000_000), inferences=9, executions=2)
+        after = statistics(19, 45_000_000, (3_000_000, 78_000_000, 4_000_000), inferences=29, executions=6)
+        assert statistics_delta(before, after) == {
+            "requests": 10,
+            "queue_ms": pytest.approx(4.0),  # 40 ms over 10 requests
+            "compute_ms": pytest.approx(6.3),  # (2 + 58 + 3) ms over 10 requests
+            "mean_batch": pytest.approx(5.0),  # 20 samples in 4 executions
+        }
+
+    def test_no_requests_gives_zeros_not_a_division_error(self) -> None:
+        same = statistics(9, 5, (1, 2, 3), inferences=9, executions=2)
+        assert statistics_delta(same, same) == {"requests": 0, "queue_ms": 0.0, "compute_ms": 0.0, "mean_batch": 0.0}
+
+
+class TestPercentiles:
+    def test_in_milliseconds(self) -> None:
+        p50, p90, p99 = percentiles([i / 1000 for i in range(1, 101)])  # 1 .. 100 ms
+        assert p50 == pytest.approx(50.5)
+        assert p90 == pytest.approx(90.1)
+        assert p99 == pytest.approx(99.01)
+
+    def test_none_measured_is_nan(self) -> None:
+        assert all(np.isnan(p) for p in percentiles([]))

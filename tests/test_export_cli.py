@@ -1,0 +1,99 @@
+"""`inferop export` as a user runs it: a verified model directory and a report, or an error naming the flag."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferop.tritonconfig import parse_model_config
+
+INFEROP = Path(sys.executable).with_name("inferop")
+TINY_FLAGS = ["--rows", "6", "--cols", "5", "--depth", "2", "--hidden", "8", "--moves", "5"]
+
+
+def inferop(*args: str | Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(INFEROP), *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    repo = tmp_path_factory.mktemp("cli") / "repo"
+    result = inferop("export", "conv_net", *TINY_FLAGS, "--max-batch-size", "4", "--repo", repo, "--json")
+    return result, repo
+
+
+@pytest.fixture(scope="module")
+def report(exported: tuple[subprocess.CompletedProcess[str], Path]) -> dict[str, Any]:
+    result, _ = exported
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+class TestExportConvNet:
+    def test_exits_zero_with_a_passed_checker(self, report: dict[str, Any]) -> None:
+        assert report["model"] == "conv_net"
+        assert report["checker"] == "passed"
+
+    def test_parity_at_batch_one_and_eight_within_tolerance(self, report: dict[str, Any]) -> None:
+        parity = {(p["batch"], p["output"]): p for p in report["parity"]}
+        assert set(parity) == {(b, o) for b in (1, 8) for o in ("policy", "value")}
+        assert report["tolerance"] > 0
+        for entry in parity.values():
+            assert 0 <= entry["maxAbsDiff"] <= report["tolerance"]
+            assert entry["maxAbsValue"] > 0  # a network that outputs zeros would agree vacuously
+
+    def test_profile_numbers_of_the_tiny_net(self, report: dict[str, Any]) -> None:
+        # 6x5 board, 2 torso convolutions of 8 channels, heads of 2 and 1 channels, 5 moves (see test_profile).
+        assert report["profile"]["parameters"] == 1219
+        assert report["profile"]["macs_per_sample"] == 26250
+        assert report["profile"]["weight_bytes"] >= 4 * 1219
+        assert report["profile"]["activation_bytes_per_sample"] > 0
+
+    def test_writes_the_model_and_its_config(
+        self, exported: tuple[subprocess.CompletedProcess[str], Path], report: dict[str, Any]
+    ) -> None:
+        _, repo = exported
+        model = repo / "conv_net" / "1" / "model.onnx"
+        assert Path(report["modelPath"]) == model
+        assert model.stat().st_size > 4 * 1219
+        config = parse_model_config((repo / "conv_net" / "config.pbtxt").read_text())
+        assert config.name == "conv_net"
+        assert config.max_batch_size == 4  # the flag, not the default
+        assert [list(i.dims) for i in config.input] == [[1, 6, 5]]
+        assert [(o.name, list(o.dims)) for o in config.output] == [("policy", [5]), ("value", [1])]
+
+    def test_json_mode_keeps_progress_off_stdout(self, exported: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+        result, _ = exported
+        assert result.stdout.lstrip().startswith("{")
+        assert "[1/4]" not in result.stdout
+
+
+class TestExportErrors:
+    def test_depth_zero_exits_2_naming_the_flag(self, tmp_path: Path) -> None:
+        result = inferop("export", "conv_net", "--depth", "0", "--repo", tmp_path / "repo")
+        assert result.returncode == 2
+        assert "--depth must be >= 1, got 0" in result.stderr
+        assert not (tmp_path / "repo").exists()
+
+    def test_missing_weights_file_exits_2_naming_the_file(self, tmp_path: Path) -> None:
+        missing = tmp_path / "missing.pth"
+        result = inferop("export", "inception_v3", "--weights", missing, "--repo", tmp_path / "repo")
+        assert result.returncode == 2
+        assert f"--weights {missing}: no such file" in result.stderr
+
+    def test_weights_of_another_shape_exit_2_naming_the_file(self, tmp_path: Path) -> None:
+        import torch
+
+        weights = tmp_path / "ten_classes.pth"
+        torch.save({"fc.weight": torch.zeros(10, 2048), "fc.bias": torch.zeros(10)}, weights)
+        result = inferop("export", "inception_v3", "--weights", weights, "--repo", tmp_path / "repo")
+        assert result.returncode == 2, result.stderr
+        assert f"--weights {weights}: not a torchvision Inception V3 state dict" in result.stderr
+        assert "Traceback" not in result.stderr

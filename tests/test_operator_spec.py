@@ -1,0 +1,215 @@
+"""The InferenceService spec: defaults a user may leave out, and errors that name the field and what is allowed."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from inferop_operator.spec import InferenceServiceSpec, SpecError, parse_spec
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "operator" / "examples"
+
+
+def raw_spec(**sections: Any) -> dict[str, Any]:
+    """A minimal valid spec (only what has no default), with top-level `sections` replaced."""
+    spec: dict[str, Any] = {
+        "model": {
+            "name": "conv_net",
+            "storageUri": "hostpath:///models/conv_net",
+            "profile": {"parameters": 10, "macsPerSample": 100, "weightBytes": 40, "activationBytesPerSample": 8},
+            "inputs": [{"name": "board", "dims": [1, 8, 7]}],
+            "outputs": [{"name": "policy", "dims": [7]}],
+        }
+    }
+    spec.update(copy.deepcopy(sections))
+    return spec
+
+
+def with_model(**fields: Any) -> dict[str, Any]:
+    spec = raw_spec()
+    spec["model"].update(fields)
+    return spec
+
+
+def spec_error(raw: dict[str, Any]) -> str:
+    with pytest.raises(SpecError) as error:
+        parse_spec(raw)
+    return str(error.value)
+
+
+class TestDefaults:
+    def test_minimal_spec_is_filled_in(self) -> None:
+        spec = parse_spec(raw_spec())
+        assert spec.replicas == 1
+        assert spec.instances == 1
+        assert spec.runtime.image is None
+        assert (spec.resources.requests, spec.resources.limits) == ({}, {})
+        assert (spec.threads.intra_op, spec.threads.inter_op, spec.threads.allow_oversubscription) == (None, None, False)
+        assert spec.batching.max_batch_size == 8
+        assert spec.batching.max_queue_delay_microseconds == 2000
+        assert spec.batching.max_queue_size == 64
+        assert spec.timeouts.request_seconds == 10.0
+        assert spec.timeouts.startup_seconds == 300
+        assert spec.autoscaling is None
+        assert spec.gpu is None
+        assert spec.model.inputs[0].datatype == "FP32"
+        assert spec.model.outputs[0].label_filename is None
+
+    def test_autoscaling_defaults(self) -> None:
+        autoscaling = parse_spec(raw_spec(autoscaling={"maxReplicas": 3, "target": 70})).autoscaling
+        assert autoscaling is not None
+        assert (autoscaling.min_replicas, autoscaling.max_replicas, autoscaling.metric, autoscaling.target) == (
+            1,
+            3,
+            "cpu",
+            70,
+        )
+
+    def test_partial_section_keeps_other_defaults(self) -> None:
+        spec = parse_spec(raw_spec(batching={"maxBatchSize": 32}))
+        assert (spec.batching.max_batch_size, spec.batching.max_queue_size) == (32, 64)
+
+    def test_camel_case_fields_are_read(self) -> None:
+        spec = parse_spec(
+            raw_spec(
+                threads={"intraOp": 3, "interOp": 2, "allowOversubscription": True},
+                timeouts={"requestSeconds": 2.5, "startupSeconds": 60},
+            )
+        )
+        assert (spec.threads.intra_op, spec.threads.inter_op, spec.threads.allow_oversubscription) == (3, 2, True)
+        assert (spec.timeouts.request_seconds, spec.timeouts.startup_seconds) == (2.5, 60)
+        assert spec.model.profile.activation_bytes_per_sample == 8
+
+    @pytest.mark.parametrize(
+        ("resources", "uses_gpu"),
+        [
+            ({}, False),
+            ({"limits": {"nvidia.com/gpu": 1}}, True),
+            ({"limits": {"nvidia.com/gpu": "2"}}, True),
+            ({"limits": {"nvidia.com/gpu": 0}}, False),
+            ({"requests": {"cpu": "2"}}, False),
+        ],
+    )
+    def test_gpu_is_used_when_the_gpu_limit_is_positive(self, resources: dict[str, Any], uses_gpu: bool) -> None:
+        assert parse_spec(raw_spec(resources=resources)).uses_gpu is uses_gpu
+
+    @pytest.mark.parametrize("uri", ["pvc://models", "pvc://models/inception_v3", "hostpath:///m", "oci://ghcr.io/x/m:1"])
+    def test_every_storage_scheme_is_accepted(self, uri: str) -> None:
+        assert parse_spec(with_model(storageUri=uri)).model.storage_uri == uri
+
+
+class TestErrors:
+    def test_unknown_storage_scheme_names_it_and_the_allowed_ones(self) -> None:
+        message = spec_error(with_model(storageUri="s3://bucket/conv_net"))
+        assert message.startswith("spec.model.storageUri: ")
+        assert "'s3'" in message
+        for allowed in ("pvc://", "hostpath://", "oci://"):
+            assert allowed in message
+
+    @pytest.mark.parametrize("uri", ["pvc:///models/conv_net", "pvc://Models/x", "pvc://-claim"])
+    def test_pvc_without_a_claim_name(self, uri: str) -> None:
+        message = spec_error(with_model(storageUri=uri))
+        assert message.startswith("spec.model: ")
+        assert "storageUri" in message
+        assert "pvc://<claim-name>[/path]" in message
+
+    def test_hostpath_must_be_absolute(self) -> None:
+        message = spec_error(with_model(storageUri="hostpath://models/conv_net"))
+        assert "storageUri" in message
+        assert "hostpath:///absolute/path" in message
+
+    def test_max_replicas_below_min_replicas(self) -> None:
+        message = spec_error(raw_spec(autoscaling={"minReplicas": 3, "maxReplicas": 2, "target": 50}))
+        assert message == "spec.autoscaling: maxReplicas (2) must be >= minReplicas (3)"
+
+    @pytest.mark.parametrize(
+        ("raw", "path"),
+        [
+            (raw_spec(replicaz=2), "spec.replicaz"),
+            (raw_spec(batching={"maxBatch": 4}), "spec.batching.maxBatch"),
+            (with_model(storage_uri="hostpath:///m"), "spec.model.storage_uri"),  # the wire form is camelCase
+        ],
+    )
+    def test_unknown_field(self, raw: dict[str, Any], path: str) -> None:
+        assert f"{path}: unknown field" in spec_error(raw)
+
+    @pytest.mark.parametrize("value", ["2Gb", "lots", "-"])
+    def test_bad_quantity_names_the_resource(self, value: str) -> None:
+        message = spec_error(raw_spec(resources={"limits": {"memory": value}}))
+        assert "resources.limits.memory" in message
+        assert repr(value) in message
+
+    def test_bad_gpu_memory_names_it(self) -> None:
+        message = spec_error(raw_spec(gpu={"memory": "sixteen"}))
+        assert "gpu.memory" in message
+        assert "spec.spec" not in message
+
+    @pytest.mark.parametrize("cpu", ["0", "-1", "-500m"])
+    def test_cpu_must_be_positive(self, cpu: str) -> None:
+        """The thread budget is derived from it; a zero or negative CPU count is an invalid spec, not a crash."""
+        message = spec_error(raw_spec(resources={"limits": {"cpu": cpu}}))
+        assert "resources.limits.cpu" in message
+
+    def test_metric_lists_the_allowed_values(self) -> None:
+        message = spec_error(raw_spec(autoscaling={"maxReplicas": 3, "metric": "gpuUtilisation", "target": 50}))
+        assert message == "spec.autoscaling.metric: Input should be 'cpu', 'queueTime' or 'pendingRequests'"
+
+    @pytest.mark.parametrize(
+        ("raw", "path"),
+        [
+            (raw_spec(batching={"maxBatchSize": 0}), "spec.batching.maxBatchSize"),
+            (raw_spec(batching={"maxQueueSize": 0}), "spec.batching.maxQueueSize"),
+            (raw_spec(threads={"intraOp": 0}), "spec.threads.intraOp"),
+            (raw_spec(instances=0), "spec.instances"),
+            (raw_spec(timeouts={"requestSeconds": 0}), "spec.timeouts.requestSeconds"),
+            (raw_spec(timeouts={"startupSeconds": 1}), "spec.timeouts.startupSeconds"),
+            (raw_spec(autoscaling={"target": 50}), "spec.autoscaling.maxReplicas"),
+            (with_model(name="conv net"), "spec.model.name"),
+            (with_model(inputs=[]), "spec.model.inputs"),
+            (with_model(inputs=[{"name": "board", "dims": [1, 0]}]), "spec.model.inputs.0.dims.1"),
+            (with_model(outputs=[{"name": "p", "datatype": "FP8", "dims": [7]}]), "spec.model.outputs.0.datatype"),
+        ],
+    )
+    def test_out_of_range_names_the_camel_case_path(self, raw: dict[str, Any], path: str) -> None:
+        assert spec_error(raw).startswith(f"{path}: ")
+
+    def test_missing_profile(self) -> None:
+        raw = raw_spec()
+        del raw["model"]["profile"]
+        assert spec_error(raw) == "spec.model.profile: Field required"
+
+    def test_every_problem_is_listed(self) -> None:
+        message = spec_error(raw_spec(batching={"maxBatchSize": 0}, instances=0))
+        assert "spec.batching.maxBatchSize" in message
+        assert "spec.instances" in message
+
+    @pytest.mark.parametrize("raw", [None, {}])
+    def test_empty_spec_asks_for_the_model(self, raw: Any) -> None:
+        assert spec_error(raw) == "spec.model: Field required"
+
+    def test_is_a_value_error(self) -> None:
+        assert issubclass(SpecError, ValueError)
+
+
+def _manifests(folder: Path) -> list[Any]:
+    paths = sorted(folder.glob("*.yaml"))
+    assert paths, f"no examples in {folder}"
+    return [pytest.param(path, id=path.name) for path in paths]
+
+
+class TestExamples:
+    @pytest.mark.parametrize("path", _manifests(EXAMPLES) + _manifests(EXAMPLES / "refused"))
+    def test_accepted_examples_parse(self, path: Path) -> None:
+        manifest = yaml.safe_load(path.read_text())
+        assert manifest["kind"] == "InferenceService"
+        assert manifest["apiVersion"] == "inferop.dev/v1alpha1"
+        assert isinstance(parse_spec(manifest["spec"]), InferenceServiceSpec)
+
+    @pytest.mark.parametrize("path", _manifests(EXAMPLES / "invalid"))
+    def test_invalid_examples_are_rejected(self, path: Path) -> None:
+        with pytest.raises(SpecError, match=r"^spec\."):
+            parse_spec(yaml.safe_load(path.read_text())["spec"])

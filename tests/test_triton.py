@@ -1,0 +1,325 @@
+"""The exported models served by the real tritonserver: what a caller sees over HTTP.
+
+Answers are compared with ONNX Runtime run in-process on the same model.onnx, and counters as differences
+(warm-up counts in Triton's statistics and metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import SERVING, ExportedRepo, RunningServer
+
+pytestmark = pytest.mark.integration
+
+INFEROP = Path(sys.executable).with_name("inferop")
+INPUTS = {"conv_net": "board", "inception_v3": "images"}
+
+
+def sample(model_repo: ExportedRepo, model: str, batch: int, seed: int) -> np.ndarray:
+    """Inputs like the export's: boards of -1/0/1 stones, roughly standard normal (normalised) images."""
+    (spec,) = model_repo.reports[model].serving.inputs
+    rng = np.random.default_rng(seed)
+    if model == "conv_net":
+        return rng.integers(-1, 2, size=(batch, *spec.dims)).astype(np.float32)
+    return rng.standard_normal((batch, *spec.dims)).astype(np.float32)
+
+
+def infer(client: Any, model: str, data: np.ndarray, **kwargs: Any) -> Any:
+    import tritonclient.http as httpclient
+
+    request = httpclient.InferInput(INPUTS[model], list(data.shape), "FP32")
+    request.set_data_from_numpy(data, binary_data=True)
+    return client.infer(model, [request], **kwargs)
+
+
+def new_client(triton: RunningServer) -> Any:
+    import tritonclient.http as httpclient
+
+    return httpclient.InferenceServerClient(triton.url, connection_timeout=10, network_timeout=60)
+
+
+def model_stats(client: Any, model: str) -> dict[str, Any]:
+    return dict(client.get_inference_statistics(model)["model_stats"][0])
+
+
+@pytest.fixture(scope="module")
+def onnxruntime_reference(model_repo: ExportedRepo) -> Callable[[str, np.ndarray], dict[str, np.ndarray]]:
+    """ONNX Runtime in this process on each served model.onnx: name -> outputs for an input batch."""
+    import onnxruntime as ort
+
+    sessions = {
+        model: ort.InferenceSession(str(model_repo.model_path(model)), providers=["CPUExecutionProvider"])
+        for model in model_repo.reports
+    }
+
+    def run(model: str, data: np.ndarray) -> dict[str, np.ndarray]:
+        session = sessions[model]
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(names, {INPUTS[model]: data}), strict=True))
+
+    return run
+
+
+class TestModelsAndConfig:
+    def test_both_models_are_ready(self, client: Any, model_repo: ExportedRepo) -> None:
+        assert client.is_server_ready()
+        assert sorted(model_repo.reports) == ["conv_net", "inception_v3"]
+        for model in model_repo.reports:
+            assert client.is_model_ready(model), model
+
+    @pytest.mark.parametrize("model", ["conv_net", "inception_v3"])
+    def test_config_shows_the_renderers_settings(self, client: Any, model_repo: ExportedRepo, model: str) -> None:
+        served = model_repo.reports[model].serving
+        assert served.model_dump(include=set(SERVING[model])) == SERVING[model]  # the fixture's settings
+        config = client.get_model_config(model)
+        assert config["backend"] == "python"
+        assert config["max_batch_size"] == served.max_batch_size
+        assert [(i["name"], [int(d) for d in i["dims"]]) for i in config["input"]] == [
+            (s.name, list(s.dims)) for s in served.inputs
+        ]
+        assert [(o["name"], [int(d) for d in o["dims"]], o["label_filename"]) for o in config["output"]] == [
+            (s.name, list(s.dims), s.label_filename or "") for s in served.outputs
+        ]
+        assert [(g["count"], g["kind"]) for g in config["instance_group"]] == [(served.instances, "KIND_CPU")]
+        batching = config["dynamic_batching"]
+        assert int(batching["max_queue_delay_microseconds"]) == served.max_queue_delay_microseconds
+        assert batching["default_queue_policy"] == {
+            "timeout_action": "REJECT",
+            "default_timeout_microseconds": served.request_timeout_microseconds,
+            "allow_timeout_override": True,
+            "max_queue_size": served.max_queue_size,
+        }
+        assert config["parameters"] == {
+            "intra_op_thread_count": {"string_value": str(served.intra_op_threads)},
+            "inter_op_thread_count": {"string_value": str(served.inter_op_threads)},
+        }
+        assert sorted(int(w["batch_size"]) for w in config["model_warmup"]) == [1, served.max_batch_size]
+
+
+class TestInference:
+    @pytest.mark.parametrize("model", ["conv_net", "inception_v3"])
+    def test_batch_one_matches_onnxruntime(
+        self, client: Any, model_repo: ExportedRepo, onnxruntime_reference: Any, model: str
+    ) -> None:
+        data = sample(model_repo, model, batch=1, seed=11)
+        response = infer(client, model, data)
+        expected = onnxruntime_reference(model, data)
+        tolerance = model_repo.reports[model].tolerance
+        assert sorted(o["name"] for o in response.get_response()["outputs"]) == sorted(expected)
+        for name, want in expected.items():
+            got = response.as_numpy(name)
+            assert got.shape == want.shape
+            assert np.abs(want).max() > 0
+            np.testing.assert_allclose(got, want, rtol=0, atol=tolerance, err_msg=f"{model}/{name}")
+
+    def test_concurrent_requests_are_batched_and_answered_each_their_own(
+        self, triton: RunningServer, client: Any, model_repo: ExportedRepo, onnxruntime_reference: Any
+    ) -> None:
+        callers = 8
+        boards = [sample(model_repo, "conv_net", batch=1, seed=100 + i) for i in range(callers)]
+        answers: dict[int, Any] = {}
+        errors: list[BaseException] = []
+        gate = threading.Barrier(callers)
+
+        def caller(index: int) -> None:
+            own = new_client(triton)
+            try:
+                gate.wait(timeout=30)
+                answers[index] = infer(own, "conv_net", boards[index])
+            except BaseException as error:
+                errors.append(error)
+            finally:
+                own.close()
+
+        before = model_stats(client, "conv_net")
+        threads = [threading.Thread(target=caller, args=(i,)) for i in range(callers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        after = model_stats(client, "conv_net")
+
+        assert errors == []
+        assert sorted(answers) == list(range(callers))
+        requests = after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"]
+        executions = after["execution_count"] - before["execution_count"]
+        assert requests == callers
+        assert after["inference_count"] - before["inference_count"] == callers
+        assert 1 <= executions < requests  # the dynamic batcher merged some of them
+        for index, board in enumerate(boards):
+            for name, want in onnxruntime_reference("conv_net", board).items():
+                np.testing.assert_allclose(answers[index].as_numpy(name), want, rtol=0, atol=1e-4)
+
+    def test_wrong_input_shape_is_refused_with_400_and_the_servers_reason(self, client: Any) -> None:
+        from tritonclient.utils import InferenceServerException
+
+        with pytest.raises(InferenceServerException) as error:
+            infer(client, "conv_net", np.zeros((1, 1, 7, 5), dtype=np.float32))
+        assert error.value.status() == "400"
+        assert "unexpected shape for input 'board'" in error.value.message()
+        assert "Expected [-1,1,6,5], got [1,1,7,5]" in error.value.message()
+
+
+class TestQueueTimeout:
+    # Longer than the batcher's queue delay (an idle model answers in time), far shorter than a batch of 8
+    # Inception images (a busy model does not).
+    TIMEOUT_US = 100_000
+
+    def test_idle_model_answers_within_the_timeout(self, client: Any, model_repo: ExportedRepo) -> None:
+        assert SERVING["inception_v3"]["max_queue_delay_microseconds"] < self.TIMEOUT_US
+        response = infer(client, "inception_v3", sample(model_repo, "inception_v3", 1, seed=5), timeout=self.TIMEOUT_US)
+        assert response.as_numpy("logits").shape == (1, 1000)
+
+    def test_request_queued_behind_a_busy_instance_is_rejected_not_left_hanging(
+        self, triton: RunningServer, client: Any, model_repo: ExportedRepo, poll: Any
+    ) -> None:
+        from tritonclient.utils import InferenceServerException
+
+        assert SERVING["inception_v3"]["instances"] == 1
+        big = sample(model_repo, "inception_v3", batch=8, seed=6)
+        busy_answers: list[Any] = []
+        busy_errors: list[BaseException] = []
+
+        def keep_busy() -> None:
+            own = new_client(triton)
+            try:
+                busy_answers.append(infer(own, "inception_v3", big))
+            except BaseException as error:
+                busy_errors.append(error)
+            finally:
+                own.close()
+
+        before = model_stats(client, "inception_v3")
+        threads = [threading.Thread(target=keep_busy) for _ in range(3)]  # three full batches, one at a time
+        for thread in threads:
+            thread.start()
+        # Once the first batch is done, the second runs and the third waits: the queue is at least a batch long.
+        poll(
+            lambda: model_stats(client, "inception_v3")["execution_count"] > before["execution_count"],
+            timeout=60,
+            what="the first batch of 8 to finish",
+            interval=0.01,
+        )
+        with pytest.raises(InferenceServerException) as error:
+            infer(client, "inception_v3", sample(model_repo, "inception_v3", 1, seed=7), timeout=self.TIMEOUT_US)
+        for thread in threads:
+            thread.join(timeout=60)
+        after = model_stats(client, "inception_v3")
+
+        assert error.value.status() == "503"
+        assert "Request timeout expired" in error.value.message()
+        assert busy_errors == []
+        assert [a.as_numpy("logits").shape for a in busy_answers] == [(8, 1000)] * 3
+        assert after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"] == 1
+
+
+class TestStatistics:
+    @pytest.mark.parametrize("model", ["conv_net", "inception_v3"])
+    def test_warmup_is_counted_before_any_request(self, triton: RunningServer, model: str) -> None:
+        initial = triton.initial_statistics[model]
+        max_batch = SERVING[model]["max_batch_size"]
+        assert initial["inference_count"] == 1 + max_batch  # warm-up batches of 1 and max_batch_size
+        assert initial["execution_count"] == 2
+
+    def test_count_exactly_the_requests_sent(self, client: Any, model_repo: ExportedRepo) -> None:
+        before = model_stats(client, "conv_net")
+        batches = [1, 3, 2]
+        for seed, batch in enumerate(batches):
+            infer(client, "conv_net", sample(model_repo, "conv_net", batch, seed))
+        after = model_stats(client, "conv_net")
+
+        def delta(*keys: str) -> int:
+            a, b = before, after
+            for key in keys:
+                a, b = a[key], b[key]
+            return int(b) - int(a)
+
+        assert delta("inference_stats", "success", "count") == len(batches)
+        assert delta("inference_stats", "fail", "count") == 0
+        assert delta("inference_count") == sum(batches)
+        assert delta("execution_count") == len(batches)  # one at a time: nothing to merge
+
+    def test_metrics_endpoint_counts_successful_requests(
+        self, triton: RunningServer, client: Any, model_repo: ExportedRepo, poll: Any
+    ) -> None:
+        pattern = re.compile(r'^nv_inference_request_success\{model="conv_net",version="1"\} (\d+)', re.MULTILINE)
+
+        def successes() -> int:
+            with urllib.request.urlopen(triton.server.metrics_url, timeout=10) as response:
+                text = response.read().decode()
+            match = pattern.search(text)
+            assert match, f"no nv_inference_request_success for conv_net in:\n{text[:2000]}"
+            return int(match.group(1))
+
+        before = successes()
+        for seed in range(2):
+            infer(client, "conv_net", sample(model_repo, "conv_net", 1, seed))
+        poll(lambda: successes() - before == 2, timeout=10, what="the metrics to count 2 more requests")
+
+
+class TestInferCommand:
+    def test_classifies_an_image_with_five_labels(
+        self, triton: RunningServer, model_repo: ExportedRepo, onnxruntime_reference: Any, tmp_path: Path
+    ) -> None:
+        from PIL import Image
+
+        from inferop.client import preprocess_image, softmax
+
+        image = tmp_path / "noise.png"
+        rng = np.random.default_rng(8)
+        Image.fromarray(rng.integers(0, 256, size=(360, 420, 3), dtype=np.uint8)).save(image)
+        result = subprocess.run(
+            [str(INFEROP), "infer", "--url", triton.url, "--model", "inception_v3", str(image)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[0] == str(image)
+        printed = [re.fullmatch(r"\s+(\d)\. (.+?)\s+(\d\.\d{4})", line) for line in lines[1:]]
+        assert all(printed) and len(printed) == 5, result.stdout
+        ranks = [int(m.group(1)) for m in printed if m]
+        labels = [m.group(2) for m in printed if m]
+        probabilities = [float(m.group(3)) for m in printed if m]
+        assert ranks == [1, 2, 3, 4, 5]
+
+        logits = onnxruntime_reference("inception_v3", preprocess_image(image, 299)[None])["logits"][0]
+        expected = softmax(logits.astype(np.float64))
+        top = np.argsort(-expected)[:5]
+        categories = (model_repo.path / "inception_v3" / "labels.txt").read_text().splitlines()
+        assert labels == [categories[i] for i in top]
+        assert probabilities == pytest.approx([expected[i] for i in top], abs=1e-4)
+
+    def test_plays_a_board(
+        self, triton: RunningServer, onnxruntime_reference: Any, tmp_path: Path
+    ) -> None:
+        board = np.array([[0, 1, -1, 0, 0], [1, 1, 0, 0, -1], [0, 0, 0, 0, 0], [-1, 0, 1, 0, 0], [0, 0, 0, 0, 1], [1, -1, 0, 0, 0]])
+        path = tmp_path / "board.txt"
+        np.savetxt(path, board, fmt="%d")
+        result = subprocess.run(
+            [str(INFEROP), "infer", "--url", triton.url, "--model", "conv_net", "--board", str(path), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        answer = json.loads(result.stdout)
+        expected = onnxruntime_reference("conv_net", board.astype(np.float32)[None, None])
+        np.testing.assert_allclose(answer["policy"], expected["policy"][0], atol=1e-5)
+        assert answer["bestMove"] == int(np.argmax(expected["policy"][0]))
+        assert answer["value"] == pytest.approx(float(expected["value"][0, 0]), abs=1e-5)
