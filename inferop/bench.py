@@ -56,7 +56,9 @@ def statistics_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str,
         return {
             "success": float(inference["success"]["count"]),
             "queue_ns": float(inference["queue"]["ns"]),
-            "compute_ns": float(inference["compute_input"]["ns"] + inference["compute_infer"]["ns"] + inference["compute_output"]["ns"]),
+            "compute_ns": float(
+                inference["compute_input"]["ns"] + inference["compute_infer"]["ns"] + inference["compute_output"]["ns"]
+            ),
             "inferences": float(model["inference_count"]),
             "executions": float(model["execution_count"]),
         }
@@ -76,7 +78,9 @@ def sample_input(info: ModelInfo, batch: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((batch, *info.input_dims)).astype(np.float32)
 
 
-def run_level(url: str, info: ModelInfo, data: np.ndarray, concurrency: int, seconds: float, timeout: float) -> LevelResult:
+def run_level(
+    url: str, info: ModelInfo, data: np.ndarray, concurrency: int, seconds: float, timeout: float
+) -> LevelResult:
     """`concurrency` callers, each with its own connection, sending back to back until time is up."""
     import tritonclient.http as httpclient
 
@@ -131,7 +135,9 @@ def run_level(url: str, info: ModelInfo, data: np.ndarray, concurrency: int, sec
     )
 
 
-def sweep(url: str, model: str, levels: list[int], seconds: float, batch: int, timeout: float = 60.0) -> list[LevelResult]:
+def sweep(
+    url: str, model: str, levels: list[int], seconds: float, batch: int, timeout: float = 60.0
+) -> list[LevelResult]:
     client = connect(url, timeout)
     info = describe(client, model)
     data = sample_input(info, batch)
@@ -159,7 +165,11 @@ def plot(model: str, results: list[LevelResult], path: Path) -> None:
 
     levels = [r.concurrency for r in results]
     figure, latency_axis = plt.subplots(figsize=(7, 4.2))
-    for label, values in (("p50", [r.p50_ms for r in results]), ("p90", [r.p90_ms for r in results]), ("p99", [r.p99_ms for r in results])):
+    for label, values in (
+        ("p50", [r.p50_ms for r in results]),
+        ("p90", [r.p90_ms for r in results]),
+        ("p99", [r.p99_ms for r in results]),
+    ):
         latency_axis.plot(levels, values, marker="o", label=f"latency {label}")
     latency_axis.set_xlabel("concurrent callers")
     latency_axis.set_ylabel("latency (ms)")
@@ -168,7 +178,7 @@ def plot(model: str, results: list[LevelResult], path: Path) -> None:
     throughput_axis.plot(levels, [r.throughput for r in results], marker="s", color="black", label="throughput")
     throughput_axis.set_ylabel("samples / s")
     lines = latency_axis.get_legend_handles_labels()[0] + throughput_axis.get_legend_handles_labels()[0]
-    latency_axis.legend(lines, [line.get_label() for line in lines], loc="upper left")
+    latency_axis.legend(handles=lines, loc="upper left")
     latency_axis.set_title(f"{model}: latency and throughput against concurrency")
     figure.tight_layout()
     figure.savefig(path, dpi=110)

@@ -46,7 +46,9 @@ def describe(client: Any, model: str) -> ModelInfo:
     metadata = call(client.get_model_metadata, model, what=f"model {model!r}")
     config = call(client.get_model_config, model, what=f"model {model!r}")
     (tensor,) = metadata["inputs"][:1]
-    dims = [int(d) for d in tensor["shape"]][1:] if config.get("max_batch_size", 0) else [int(d) for d in tensor["shape"]]
+    dims = (
+        [int(d) for d in tensor["shape"]][1:] if config.get("max_batch_size", 0) else [int(d) for d in tensor["shape"]]
+    )
     labelled = next((o for o in config.get("output", []) if o.get("label_filename")), None)
     return ModelInfo(
         name=model,
@@ -84,7 +86,8 @@ def preprocess_image(path: Path, size: int) -> np.ndarray:
         raise InferError(f"image {path}: {error}") from error
     short = round(size * RESIZE_RATIO)
     scale = short / min(rgb.size)
-    resized = rgb.resize((max(short, round(rgb.width * scale)), max(short, round(rgb.height * scale))), Image.BILINEAR)
+    width, height = max(short, round(rgb.width * scale)), max(short, round(rgb.height * scale))
+    resized = rgb.resize((width, height), Image.Resampling.BILINEAR)
     left, top = (resized.width - size) // 2, (resized.height - size) // 2
     crop = np.asarray(resized.crop((left, top, left + size, top + size)), dtype=np.float32) / 255.0
     return ((crop - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1)
@@ -109,7 +112,9 @@ def softmax(values: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum()
 
 
-def classify(client: Any, info: ModelInfo, images: list[Path], top: int, timeout_us: int | None) -> list[dict[str, Any]]:
+def classify(
+    client: Any, info: ModelInfo, images: list[Path], top: int, timeout_us: int | None
+) -> list[dict[str, Any]]:
     """Top-`top` labels with probabilities for each image, one batched request."""
     import tritonclient.http as httpclient
 
@@ -131,7 +136,9 @@ def classify(client: Any, info: ModelInfo, images: list[Path], top: int, timeout
             logits, labels = np.asarray(row, dtype=np.float64), [str(i) for i in range(len(row))]
         probabilities = softmax(logits)
         order = np.argsort(-probabilities)[:top]
-        results.append({"image": str(path), "top": [{"label": labels[i], "probability": float(probabilities[i])} for i in order]})
+        results.append(
+            {"image": str(path), "top": [{"label": labels[i], "probability": float(probabilities[i])} for i in order]}
+        )
     return results
 
 

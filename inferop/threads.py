@@ -55,14 +55,19 @@ def plan_threads(cpus: float, instances: int, intra_op: int | None = None, inter
 
 
 def check_budget(plan: ThreadPlan, allow_oversubscription: bool = False) -> ThreadPlan:
-    """Return `plan` if it fits its CPUs (or oversubscription is explicitly allowed), else raise with a fix."""
+    """Return `plan` if it fits its CPUs (or oversubscription is explicitly allowed), else raise with fixes."""
     if plan.oversubscribed and not allow_oversubscription:
         fitting = plan_threads(plan.cpus, plan.instances)
-        raise OversubscribedError(
-            f"thread budget exceeded: {plan.explain()}. Fix: set threads.intraOp={fitting.intra_op} and "
-            f"threads.interOp=1, or lower instances, or raise the CPU limit to {plan.threads}, "
-            f"or set threads.allowOversubscription=true to accept the slowdown"
-        )
+        fixes = []
+        if not fitting.oversubscribed and (fitting.intra_op, fitting.inter_op) != (plan.intra_op, plan.inter_op):
+            fixes.append(f"set threads.intraOp={fitting.intra_op} and threads.interOp=1")
+        if plan.instances > plan.cpu_slots:
+            fixes.append(f"lower instances to {plan.cpu_slots}")
+        fixes += [
+            f"raise the CPU limit to {plan.threads}",
+            "set threads.allowOversubscription=true to accept the slowdown",
+        ]
+        raise OversubscribedError(f"thread budget exceeded: {plan.explain()}. Fix: {', or '.join(fixes)}")
     return plan
 
 

@@ -117,9 +117,7 @@ def triton(model_repo: ExportedRepo) -> Iterator[RunningServer]:
     with TritonServer(model_repo.path, http_port=free_port()) as server:
         client = httpclient.InferenceServerClient(server.url, network_timeout=30)
         try:
-            initial = {
-                model: client.get_inference_statistics(model)["model_stats"][0] for model in model_repo.reports
-            }
+            initial = {model: client.get_inference_statistics(model)["model_stats"][0] for model in model_repo.reports}
         finally:
             client.close()  # an open connection would hold up the server's shutdown
         yield RunningServer(server=server, initial_statistics=initial)

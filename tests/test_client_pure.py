@@ -54,7 +54,14 @@ class TestPreprocessImage:
             preprocess_image(path, 299)
 
 
-BOARD = [[0, 1, -1, 0, 0], [1, 1, 0, 0, -1], [0, 0, 0, 0, 0], [-1, 0, 1, 0, 0], [0, 0, 0, 0, 1], [1, -1, 0, 0, 0]]
+BOARD = [
+    [0, 1, -1, 0, 0],
+    [1, 1, 0, 0, -1],
+    [0, 0, 0, 0, 0],
+    [-1, 0, 1, 0, 0],
+    [0, 0, 0, 0, 1],
+    [1, -1, 0, 0, 0],
+]
 
 
 class TestLoadBoard:
@@ -85,7 +92,9 @@ class TestLoadBoard:
             np.save(path, small)
         else:
             np.savetxt(path, small)
-        with pytest.raises(InferError, match=re.escape(f"board {path}: [4, 4] cells do not fit the model's board [1, 6, 5]")):
+        with pytest.raises(
+            InferError, match=re.escape(f"board {path}: [4, 4] cells do not fit the model's board [1, 6, 5]")
+        ):
             load_board(path, [1, 6, 5], seed=0)
 
     def test_unreadable_file_names_the_file(self, tmp_path: Path) -> None:
@@ -144,7 +153,12 @@ class TestStatisticsDelta:
 
     def test_no_requests_gives_zeros_not_a_division_error(self) -> None:
         same = statistics(9, 5, (1, 2, 3), inferences=9, executions=2)
-        assert statistics_delta(same, same) == {"requests": 0, "queue_ms": 0.0, "compute_ms": 0.0, "mean_batch": 0.0}
+        assert statistics_delta(same, same) == {
+            "requests": 0,
+            "queue_ms": 0.0,
+            "compute_ms": 0.0,
+            "mean_batch": 0.0,
+        }
 
 
 class TestPercentiles:

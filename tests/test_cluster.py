@@ -145,12 +145,9 @@ def bin_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    control_plane = ControlPlane(tmp_path_factory.mktemp("cluster"), bin_dir=bin_dir)
-    try:
-        control_plane.up()
+    # A failed start stops what it started; leaving the block, even on error, stops the rest.
+    with ControlPlane(tmp_path_factory.mktemp("cluster"), bin_dir=bin_dir) as control_plane:
         yield control_plane
-    finally:
-        control_plane.down()
 
 
 @pytest.fixture

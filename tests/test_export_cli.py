@@ -1,4 +1,4 @@
-"""`inferop export` as a user runs it: a verified model directory and a report, or an error naming the flag."""
+"""`inferop export` as a user runs it: a verified model directory and a report, or an error naming a flag."""
 
 from __future__ import annotations
 
@@ -17,9 +17,7 @@ TINY_FLAGS = ["--rows", "6", "--cols", "5", "--depth", "2", "--hidden", "8", "--
 
 
 def inferop(*args: str | Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(INFEROP), *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False
-    )
+    return subprocess.run([str(INFEROP), *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +48,7 @@ class TestExportConvNet:
             assert entry["maxAbsValue"] > 0  # a network that outputs zeros would agree vacuously
 
     def test_profile_numbers_of_the_tiny_net(self, report: dict[str, Any]) -> None:
-        # 6x5 board, 2 torso convolutions of 8 channels, heads of 2 and 1 channels, 5 moves (see test_profile).
+        # 6x5 board, two 8-channel torso convolutions, heads of 2 and 1 channels, 5 moves (see test_profile).
         assert report["profile"]["parameters"] == 1219
         assert report["profile"]["macs_per_sample"] == 26250
         assert report["profile"]["weight_bytes"] >= 4 * 1219

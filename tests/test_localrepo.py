@@ -37,7 +37,7 @@ def serving(device: str = "cpu", instances: int = 1, name: str = "inception_v3")
         name=name,
         inputs=(IMAGES,),
         outputs=(LOGITS,),
-        device=device,  # type: ignore[arg-type]
+        device=device,
         instances=instances,
         max_batch_size=16,
         max_queue_delay_microseconds=500,
@@ -75,7 +75,8 @@ class TestToPythonBackend:
         assert to_text(config) == text
 
     @pytest.mark.parametrize(
-        ("field", "value"), [("platform", "tensorrt_plan"), ("platform", "pytorch_libtorch"), ("backend", "python")]
+        ("field", "value"),
+        [("platform", "tensorrt_plan"), ("platform", "pytorch_libtorch"), ("backend", "python")],
     )
     def test_refuses_models_that_are_not_onnx(self, field: str, value: str) -> None:
         config = build_model_config(serving())
@@ -176,5 +177,7 @@ class TestModelDirs:
 
     def test_model_without_onnx_file_names_the_model(self, source_repo: Path) -> None:
         (source_repo / "conv_net" / "1" / "model.onnx").unlink()
-        with pytest.raises(RepositoryError, match=re.escape(f"model conv_net: no <version>/model.onnx under {source_repo}")):
+        with pytest.raises(
+            RepositoryError, match=re.escape(f"model conv_net: no <version>/model.onnx under {source_repo}")
+        ):
             model_dirs(source_repo)

@@ -79,7 +79,10 @@ class TestBuildInceptionV3:
     @pytest.mark.parametrize(
         ("content", "reason"),
         [
-            (lambda: PolicyValueNet(rows=2, cols=2, depth=1, hidden=2, moves=2).state_dict(), "not a torchvision"),
+            (
+                lambda: PolicyValueNet(rows=2, cols=2, depth=1, hidden=2, moves=2).state_dict(),
+                "not a torchvision",
+            ),
             (lambda: torch.zeros(3), "expected a state dict"),
             (lambda: {"fc.weight": torch.zeros(10, 2048), "fc.bias": torch.zeros(10)}, "not a torchvision"),
         ],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
@@ -91,9 +91,27 @@ class TestThreads:
     @pytest.mark.parametrize(
         ("cpu", "instances", "threads", "arithmetic", "intra_fix"),
         [
-            ("4", 2, {"intraOp": 4}, "2 instance(s) x (4 intra-op + 1 inter-op - 1) = 8 threads on 4 CPU(s)", 2),
-            ("4", 1, {"intraOp": 4, "interOp": 2}, "1 instance(s) x (4 intra-op + 2 inter-op - 1) = 5 threads on 4 CPU(s)", 4),
-            ("2500m", 1, {"intraOp": 3}, "1 instance(s) x (3 intra-op + 1 inter-op - 1) = 3 threads on 2.5 CPU(s)", 2),
+            (
+                "4",
+                2,
+                {"intraOp": 4},
+                "2 instance(s) x (4 intra-op + 1 inter-op - 1) = 8 threads on 4 CPU(s)",
+                2,
+            ),
+            (
+                "4",
+                1,
+                {"intraOp": 4, "interOp": 2},
+                "1 instance(s) x (4 intra-op + 2 inter-op - 1) = 5 threads on 4 CPU(s)",
+                4,
+            ),
+            (
+                "2500m",
+                1,
+                {"intraOp": 3},
+                "1 instance(s) x (3 intra-op + 1 inter-op - 1) = 3 threads on 2.5 CPU(s)",
+                2,
+            ),
         ],
     )
     def test_oversubscription_is_refused_with_the_arithmetic_and_a_fix(
@@ -127,7 +145,7 @@ class TestThreads:
 
 class TestMemoryFit:
     # 100Mi weights x 2 instances + 10Mi activations x batch 32 x 2 instances = 200Mi + 640Mi = 840Mi.
-    TOO_BIG = {
+    TOO_BIG: ClassVar[dict[str, Any]] = {
         "weight_bytes": 100 * MI,
         "activation_bytes": 10 * MI,
         "instances": 2,
@@ -237,7 +255,11 @@ class TestServingConfig:
         assert [t.name for t in serving.inputs] == ["board"]
         assert [t.name for t in serving.outputs] == ["policy", "value"]
         assert serving.inputs[0].dims == (1, 8, 7)
-        assert (serving.max_batch_size, serving.max_queue_delay_microseconds, serving.max_queue_size) == (16, 750, 5)
+        assert (serving.max_batch_size, serving.max_queue_delay_microseconds, serving.max_queue_size) == (
+            16,
+            750,
+            5,
+        )
         assert serving.request_timeout_microseconds == 2_500_000
         assert (serving.instances, serving.device) == (2, "cpu")
 

@@ -1,4 +1,4 @@
-"""The InferenceService spec: defaults a user may leave out, and errors that name the field and what is allowed."""
+"""The InferenceService spec: defaults a user may leave out; errors name the field and what is allowed."""
 
 from __future__ import annotations
 
@@ -20,7 +20,12 @@ def raw_spec(**sections: Any) -> dict[str, Any]:
         "model": {
             "name": "conv_net",
             "storageUri": "hostpath:///models/conv_net",
-            "profile": {"parameters": 10, "macsPerSample": 100, "weightBytes": 40, "activationBytesPerSample": 8},
+            "profile": {
+                "parameters": 10,
+                "macsPerSample": 100,
+                "weightBytes": 40,
+                "activationBytesPerSample": 8,
+            },
             "inputs": [{"name": "board", "dims": [1, 8, 7]}],
             "outputs": [{"name": "policy", "dims": [7]}],
         }
@@ -48,7 +53,11 @@ class TestDefaults:
         assert spec.instances == 1
         assert spec.runtime.image is None
         assert (spec.resources.requests, spec.resources.limits) == ({}, {})
-        assert (spec.threads.intra_op, spec.threads.inter_op, spec.threads.allow_oversubscription) == (None, None, False)
+        assert (spec.threads.intra_op, spec.threads.inter_op, spec.threads.allow_oversubscription) == (
+            None,
+            None,
+            False,
+        )
         assert spec.batching.max_batch_size == 8
         assert spec.batching.max_queue_delay_microseconds == 2000
         assert spec.batching.max_queue_size == 64
@@ -62,7 +71,12 @@ class TestDefaults:
     def test_autoscaling_defaults(self) -> None:
         autoscaling = parse_spec(raw_spec(autoscaling={"maxReplicas": 3, "target": 70})).autoscaling
         assert autoscaling is not None
-        assert (autoscaling.min_replicas, autoscaling.max_replicas, autoscaling.metric, autoscaling.target) == (
+        assert (
+            autoscaling.min_replicas,
+            autoscaling.max_replicas,
+            autoscaling.metric,
+            autoscaling.target,
+        ) == (
             1,
             3,
             "cpu",
@@ -80,7 +94,11 @@ class TestDefaults:
                 timeouts={"requestSeconds": 2.5, "startupSeconds": 60},
             )
         )
-        assert (spec.threads.intra_op, spec.threads.inter_op, spec.threads.allow_oversubscription) == (3, 2, True)
+        assert (spec.threads.intra_op, spec.threads.inter_op, spec.threads.allow_oversubscription) == (
+            3,
+            2,
+            True,
+        )
         assert (spec.timeouts.request_seconds, spec.timeouts.startup_seconds) == (2.5, 60)
         assert spec.model.profile.activation_bytes_per_sample == 8
 
@@ -97,7 +115,9 @@ class TestDefaults:
     def test_gpu_is_used_when_the_gpu_limit_is_positive(self, resources: dict[str, Any], uses_gpu: bool) -> None:
         assert parse_spec(raw_spec(resources=resources)).uses_gpu is uses_gpu
 
-    @pytest.mark.parametrize("uri", ["pvc://models", "pvc://models/inception_v3", "hostpath:///m", "oci://ghcr.io/x/m:1"])
+    @pytest.mark.parametrize(
+        "uri", ["pvc://models", "pvc://models/inception_v3", "hostpath:///m", "oci://ghcr.io/x/m:1"]
+    )
     def test_every_storage_scheme_is_accepted(self, uri: str) -> None:
         assert parse_spec(with_model(storageUri=uri)).model.storage_uri == uri
 
@@ -150,7 +170,7 @@ class TestErrors:
 
     @pytest.mark.parametrize("cpu", ["0", "-1", "-500m"])
     def test_cpu_must_be_positive(self, cpu: str) -> None:
-        """The thread budget is derived from it; a zero or negative CPU count is an invalid spec, not a crash."""
+        """The thread budget is derived from it: zero or negative CPUs are an invalid spec, not a crash."""
         message = spec_error(raw_spec(resources={"limits": {"cpu": cpu}}))
         assert "resources.limits.cpu" in message
 
@@ -171,7 +191,10 @@ class TestErrors:
             (with_model(name="conv net"), "spec.model.name"),
             (with_model(inputs=[]), "spec.model.inputs"),
             (with_model(inputs=[{"name": "board", "dims": [1, 0]}]), "spec.model.inputs.0.dims.1"),
-            (with_model(outputs=[{"name": "p", "datatype": "FP8", "dims": [7]}]), "spec.model.outputs.0.datatype"),
+            (
+                with_model(outputs=[{"name": "p", "datatype": "FP8", "dims": [7]}]),
+                "spec.model.outputs.0.datatype",
+            ),
         ],
     )
     def test_out_of_range_names_the_camel_case_path(self, raw: dict[str, Any], path: str) -> None:

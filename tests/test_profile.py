@@ -48,9 +48,7 @@ def analytic_profile(rows: int, cols: int, depth: int, hidden: int, moves: int) 
     convolutions = [(1, hidden)] + [(hidden, hidden)] * (depth - 1) + [(hidden, 2), (hidden, 1)]
     linears = [(2 * cells, moves), (cells, 1)]
     macs = sum(cells * c_out * c_in * kernel for c_in, c_out in convolutions) + sum(i * o for i, o in linears)
-    parameters = sum(c_out * c_in * kernel + c_out for c_in, c_out in convolutions) + sum(
-        i * o + o for i, o in linears
-    )
+    parameters = sum(c_out * c_in * kernel + c_out for c_in, c_out in convolutions) + sum(i * o + o for i, o in linears)
     return macs, parameters
 
 
@@ -92,7 +90,7 @@ class TestProfileOnnx:
         assert profile_onnx(onnx.load(str(path)), parameters=123).parameters == 123
 
     def test_peak_live_activations_of_a_hand_built_graph(self) -> None:
-        # x[N,8] -> a = Relu(x) -> b = Add(x, a) -> c = MatMul(b, W[8,2]) -> d = Cast<double>(c) -> y = Relu(d).
+        # x[N,8] -> a = Relu(x) -> b = Add(x, a) -> c = MatMul(b, W[8,2]) -> d = Cast<f64>(c) -> y = Relu(d)
         # Bytes per sample (fp32 = 4, double = 8): x 32, a 32, b 32, c 8, d 16, y 16.
         # Live after each node, in order: Relu x+a = 64; Add x+a+b = 96, then x and a die: 32;
         # MatMul b+c = 40, then b dies: 8; Cast c+d = 24, then c dies: 16; Relu d+y = 32. Peak: 96.

@@ -205,7 +205,7 @@ class TestQueueTimeout:
         threads = [threading.Thread(target=keep_busy) for _ in range(3)]  # three full batches, one at a time
         for thread in threads:
             thread.start()
-        # Once the first batch is done, the second runs and the third waits: the queue is at least a batch long.
+        # Once the first batch is done the second runs and the third waits: a batch or more is ahead of us.
         poll(
             lambda: model_stats(client, "inception_v3")["execution_count"] > before["execution_count"],
             timeout=60,
@@ -241,7 +241,8 @@ class TestStatistics:
         after = model_stats(client, "conv_net")
 
         def delta(*keys: str) -> int:
-            a, b = before, after
+            a: Any = before
+            b: Any = after
             for key in keys:
                 a, b = a[key], b[key]
             return int(b) - int(a)
@@ -304,14 +305,31 @@ class TestInferCommand:
         assert labels == [categories[i] for i in top]
         assert probabilities == pytest.approx([expected[i] for i in top], abs=1e-4)
 
-    def test_plays_a_board(
-        self, triton: RunningServer, onnxruntime_reference: Any, tmp_path: Path
-    ) -> None:
-        board = np.array([[0, 1, -1, 0, 0], [1, 1, 0, 0, -1], [0, 0, 0, 0, 0], [-1, 0, 1, 0, 0], [0, 0, 0, 0, 1], [1, -1, 0, 0, 0]])
+    def test_plays_a_board(self, triton: RunningServer, onnxruntime_reference: Any, tmp_path: Path) -> None:
+        board = np.array(
+            [
+                [0, 1, -1, 0, 0],
+                [1, 1, 0, 0, -1],
+                [0, 0, 0, 0, 0],
+                [-1, 0, 1, 0, 0],
+                [0, 0, 0, 0, 1],
+                [1, -1, 0, 0, 0],
+            ]
+        )
         path = tmp_path / "board.txt"
         np.savetxt(path, board, fmt="%d")
         result = subprocess.run(
-            [str(INFEROP), "infer", "--url", triton.url, "--model", "conv_net", "--board", str(path), "--json"],
+            [
+                str(INFEROP),
+                "infer",
+                "--url",
+                triton.url,
+                "--model",
+                "conv_net",
+                "--board",
+                str(path),
+                "--json",
+            ],
             capture_output=True,
             text=True,
             timeout=120,

@@ -22,7 +22,9 @@ CONV_NET_TOLERANCE = 1e-4
 INCEPTION_TOLERANCE = 5e-3
 
 
-def conv_net(rows: int = 8, cols: int = 7, depth: int = 10, hidden: int = 128, moves: int = 7, seed: int = 0) -> Network:
+def conv_net(
+    rows: int = 8, cols: int = 7, depth: int = 10, hidden: int = 128, moves: int = 7, seed: int = 0
+) -> Network:
     torch.manual_seed(seed)
     module = PolicyValueNet(rows=rows, cols=cols, depth=depth, hidden=hidden, moves=moves)
 

@@ -39,9 +39,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     serving = parser.add_argument_group("serving settings written to config.pbtxt")
     serving.add_argument("--max-batch-size", type=int, default=8)
     serving.add_argument("--instances", type=int, default=1, help="model instances (each has its own threads)")
-    serving.add_argument(
-        "--intra-op-threads", type=int, help="default: floor(CPUs / instances) of this machine"
-    )
+    serving.add_argument("--intra-op-threads", type=int, help="default: floor(CPUs / instances) of this machine")
     serving.add_argument("--inter-op-threads", type=int, default=1)
     serving.add_argument("--max-queue-delay-us", type=int, default=2000, help="dynamic batching wait")
     serving.add_argument("--max-queue-size", type=int, default=64, help="requests queued before rejecting")

@@ -178,7 +178,9 @@ def compare_with_onnxruntime(module: nn.Module, network: Network, path: Path, se
                     f"{network.name}: output {spec.name!r} has shape {list(got.shape)}, expected {[batch, *spec.dims]}"
                 )
             diff = float(np.max(np.abs(want.numpy() - got)))
-            results.append({"batch": batch, "output": spec.name, "maxAbsDiff": diff, "maxAbsValue": float(np.max(np.abs(got)))})
+            results.append(
+                {"batch": batch, "output": spec.name, "maxAbsDiff": diff, "maxAbsValue": float(np.max(np.abs(got)))}
+            )
     return results
 
 

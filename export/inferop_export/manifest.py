@@ -22,7 +22,9 @@ from inferop_operator.spec import GROUP, KIND, VERSION, parse_spec
 RUNTIME_HEADROOM_BYTES = 1 << 30
 
 
-def build_manifest(serving: ServingConfig, profile: ModelProfile, storage_uri: str, name: str | None = None) -> dict[str, Any]:
+def build_manifest(
+    serving: ServingConfig, profile: ModelProfile, storage_uri: str, name: str | None = None
+) -> dict[str, Any]:
     cpus = serving.instances * (serving.intra_op_threads + serving.inter_op_threads - 1)
     estimate = (profile.weight_bytes + profile.activation_bytes_per_sample * serving.max_batch_size) * serving.instances
     memory = f"{math.ceil((estimate + RUNTIME_HEADROOM_BYTES) / 2**20)}Mi"

@@ -52,7 +52,7 @@ class PolicyValueNet(nn.Module):
         return self.policy_head(features), self.value_head(features)
 
 
-def build_inception_v3(weights: Path | None = None, seed: int = 0, calibration_batches: int = 3) -> nn.Module:
+def build_inception_v3(weights: Path | None = None, seed: int = 0, calibration_batches: int = 4) -> nn.Module:
     """Inception V3 in eval mode (one output: logits).
 
     With `weights`, a torchvision-layout state dict is loaded. Without, weights are seeded random and the
@@ -76,9 +76,7 @@ def build_inception_v3(weights: Path | None = None, seed: int = 0, calibration_b
         try:
             missing, unexpected = model.load_state_dict(state, strict=False)
         except RuntimeError as error:  # strict=False still refuses tensors of the wrong shape
-            raise ValueError(
-                f"--weights {weights}: not a torchvision Inception V3 state dict ({error})"
-            ) from error
+            raise ValueError(f"--weights {weights}: not a torchvision Inception V3 state dict ({error})") from error
         # Pretrained files may omit the auxiliary classifier, which eval mode never runs.
         missing = [k for k in missing if not k.startswith("AuxLogits.")]
         if missing or unexpected:
@@ -101,8 +99,21 @@ def recalibrate_batchnorm(model: nn.Module, batches: int, seed: int, batch_size:
     generator = torch.Generator().manual_seed(seed)
     model.train()
     for _ in range(batches):
-        model(torch.randn(batch_size, 3, INCEPTION_SIZE, INCEPTION_SIZE, generator=generator))
+        model(calibration_images(batch_size, generator))
     model.eval()
+
+
+def calibration_images(batch: int, generator: torch.Generator) -> torch.Tensor:
+    """ImageNet-normalised stand-ins for photos: half smooth colour fields (large flat regions, as in
+    pictures), half white noise (fine texture), so activations stay of order 1 on both kinds of input."""
+    smooth = torch.nn.functional.interpolate(
+        torch.randn(batch - batch // 2, 3, 6, 6, generator=generator) * 1.2,
+        size=(INCEPTION_SIZE, INCEPTION_SIZE),
+        mode="bilinear",
+        align_corners=False,
+    )
+    noise = torch.randn(batch // 2, 3, INCEPTION_SIZE, INCEPTION_SIZE, generator=generator)
+    return torch.cat([smooth, noise])
 
 
 def inception_categories() -> list[str]:

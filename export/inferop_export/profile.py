@@ -64,7 +64,9 @@ def matmul_macs(a_shape: list[int], b_shape: list[int]) -> int:
     return batch * a[-2] * a[-1] * b[-1]
 
 
-def peak_live_activation_bytes(graph: onnx.GraphProto, shapes: dict[str, tuple[int, list[int]]], weights: set[str]) -> int:
+def peak_live_activation_bytes(
+    graph: onnx.GraphProto, shapes: dict[str, tuple[int, list[int]]], weights: set[str]
+) -> int:
     """Largest total size of intermediate tensors alive at once when nodes run in graph order.
 
     A tensor is alive from the node that produces it until its last consumer has run (graph outputs until the

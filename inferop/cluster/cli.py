@@ -28,9 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="certificates, etcd data, logs, pids and kubeconfig "
         "(default: $INFEROP_CLUSTER_DIR, else ~/.cache/inferop/cluster)",
     )
-    parser.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds to wait for readiness (up) or exit (down)"
-    )
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for readiness (up) or exit (down)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -180,9 +180,7 @@ def kubeconfig(server: str, layout: Layout, name: str = "inferop") -> dict[str, 
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {"name": name, "cluster": {"server": server, "certificate-authority": str(layout.pem("ca"))}}
-        ],
+        "clusters": [{"name": name, "cluster": {"server": server, "certificate-authority": str(layout.pem("ca"))}}],
         "users": [
             {
                 "name": f"{name}-admin",
@@ -496,8 +494,7 @@ class ControlPlane:
             "etcd": lambda: http_get(f"http://127.0.0.1:{ports.etcd_client}/health")[0] == 200,
             "kube-apiserver": lambda: self.api_get("/readyz")[0] == 200,
             "kube-controller-manager": lambda: (
-                http_get(f"https://127.0.0.1:{ports.controller_manager}/healthz", _insecure_context())[0]
-                == 200
+                http_get(f"https://127.0.0.1:{ports.controller_manager}/healthz", _insecure_context())[0] == 200
             ),
         }
         for name in COMPONENTS:
@@ -530,7 +527,8 @@ class ControlPlane:
                     raise ClusterError(f"{started} exited with status {child.returncode}{hint}\n{tail}")
             if time.monotonic() > deadline:
                 tails = [log_tail(self.layout.log(n)) for n in ("etcd", name) if n in self._children]
-                raise ClusterError("\n".join([f"{name} not ready in time", *dict.fromkeys(tails)]))
+                message = f"{name} not ready before the timeout (a slow machine? `up --timeout`)"
+                raise ClusterError("\n".join([message, *dict.fromkeys(tails)]))
             time.sleep(0.1)
 
     def _stop_all(self, timeout: float = 10.0) -> None:

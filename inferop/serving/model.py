@@ -48,7 +48,7 @@ class TritonPythonModel:
             start, stop = offsets[index], offsets[index + 1]
             tensors = [
                 pb_utils.Tensor(name, output[start:stop])
-                for name, output in zip(self.output_names, outputs)
+                for name, output in zip(self.output_names, outputs, strict=True)
                 if name in wanted
             ]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))

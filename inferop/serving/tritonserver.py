@@ -7,7 +7,9 @@ from this environment, and run the server in its own process group so stopping i
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,6 +28,8 @@ from inferop.paths import cache_dir
 from inferop.serving.localrepo import prepare_local_repo
 
 READY_TIMEOUT_S = 120.0
+# "failed to load 'name' version 1: <reason>", up to the reason's first escaped newline (a traceback follows).
+_LOAD_FAILURE = re.compile(r"(failed to load '[^']+' version \d+: .*?)(?:\\n|\"?$)")
 
 
 class ServerError(RuntimeError):
@@ -57,7 +61,9 @@ class TritonInstall:
         python_backend = backends / "python"
         if not (python_backend / "triton_python_backend_stub").is_file():
             staging = Path(tempfile.mkdtemp(dir=cache_dir()))
-            shutil.copytree(package / "backends" / "python", staging / "python", ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                package / "backends" / "python", staging / "python", ignore=shutil.ignore_patterns("__pycache__")
+            )
             shutil.copy2(stub, staging / "python" / "triton_python_backend_stub")
             backends.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(python_backend, ignore_errors=True)
@@ -121,7 +127,11 @@ class TritonServer:
     def start(self, timeout: float = READY_TIMEOUT_S) -> TritonServer:
         self.grpc_port = self.grpc_port or self.http_port + 1
         self.metrics_port = self.metrics_port or self.http_port + 2
-        for name, port in (("--http-port", self.http_port), ("--grpc-port", self.grpc_port), ("--metrics-port", self.metrics_port)):
+        for name, port in (
+            ("--http-port", self.http_port),
+            ("--grpc-port", self.grpc_port),
+            ("--metrics-port", self.metrics_port),
+        ):
             if not port_is_free(port):
                 raise ServerError(f"{name} {port}: port is already in use on 127.0.0.1; choose another")
         install = TritonInstall.locate()
@@ -149,7 +159,10 @@ class TritonServer:
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
-                raise ServerError(f"tritonserver exited with code {self.process.returncode}:\n{self.log_tail()}")
+                failures = "".join(f"{line}\n" for line in self.load_failures())
+                raise ServerError(
+                    f"tritonserver exited with code {self.process.returncode}:\n{failures}{self.log_tail()}"
+                )
             if http_status(f"http://{self.url}/v2/health/ready") == 200:
                 return
             time.sleep(0.2)
@@ -168,6 +181,14 @@ class TritonServer:
             _signal_group(self.process.pid, signal.SIGKILL)  # any stub that outlived its server
         if self._workdir is not None:
             shutil.rmtree(self._workdir / "repo", ignore_errors=True)
+
+    def load_failures(self) -> list[str]:
+        """Triton's reason for each model that failed to load: far above the log's tail, which a startup
+        failure fills with the options table and the shutdown."""
+        if self.log_path is None or not self.log_path.exists():
+            return []
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return [match.group(1) for match in map(_LOAD_FAILURE.search, lines) if match]
 
     def log_tail(self, lines: int = 30) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -213,7 +234,5 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -146,7 +146,8 @@ def thread_env(service: Service) -> list[dict[str, str]]:
 
 def layout_script(service: Service) -> str:
     """Lay the model repository out in an emptyDir: links to the read-only model files, and the rendered
-    config in place of any config.pbtxt that came with them. The user's storage is never written."""
+    config in place of any config.pbtxt that came with them. The user's storage is never written. Links are
+    replaced (`ln -sfn`): the script runs again, on the filled emptyDir, when the pod restarts."""
     model = shlex.quote(f"{MODEL_REPOSITORY}/{service.spec.model.name}")
     source = shlex.quote(MODEL_SOURCE)
     config = shlex.quote(f"{CONFIG_DIR}/{CONFIG_KEY}")
@@ -158,10 +159,11 @@ def layout_script(service: Service) -> str:
             '[ -d "$src" ] || { echo "model source $src is not a directory" >&2; exit 1; }',
             'mkdir -p "$dst"',
             'for entry in "$src"/*; do',
-            '  [ "$(basename "$entry")" = config.pbtxt ] || ln -s "$entry" "$dst/"',
+            '  [ "$(basename "$entry")" = config.pbtxt ] || ln -sfn "$entry" "$dst/"',
             "done",
-            f'ln -s {config} "$dst/config.pbtxt"',
-            'ls -d "$dst"/[0-9]* >/dev/null 2>&1 || { echo "no version directory (e.g. 1/model.onnx) in $src" >&2; exit 1; }',
+            f'ln -sfn {config} "$dst/config.pbtxt"',
+            'ls -d "$dst"/[0-9]* >/dev/null 2>&1 ||',
+            '  { echo "no version directory (e.g. 1/model.onnx) in $src" >&2; exit 1; }',
             'echo "model repository laid out:"; ls -l "$dst"',
         ]
     )
@@ -299,7 +301,12 @@ def build_deployment(service: Service) -> dict[str, Any]:
     }
     if spec.autoscaling is None:  # with an HPA the replica count is the HPA's, not ours to fight over
         deployment_spec["replicas"] = spec.replicas
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(service, service.name), "spec": deployment_spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(service, service.name),
+        "spec": deployment_spec,
+    }
 
 
 # Triton's metrics behind the Pods metrics an adapter (e.g. prometheus-adapter) serves to the HPA.

@@ -22,7 +22,9 @@ def run(args: argparse.Namespace) -> int:
 
     from inferop_operator import handlers
 
-    log_format = kopf.LogFormat.JSON if (args.log_format or handlers.SETTINGS.log_format) == "json" else kopf.LogFormat.PLAIN
+    log_format = (
+        kopf.LogFormat.JSON if (args.log_format or handlers.SETTINGS.log_format) == "json" else kopf.LogFormat.PLAIN
+    )
     kopf.configure(verbose=args.verbose, log_format=log_format)
     asyncio.run(
         kopf.operator(

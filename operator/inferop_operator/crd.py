@@ -34,7 +34,9 @@ def structural(schema: dict[str, Any], definitions: dict[str, Any]) -> dict[str,
     if branches and not schema.get("x-kubernetes-int-or-string"):
         present = [b for b in branches if b.get("type") != "null"]
         if len(present) == 1:  # Optional[X]: absent means unset
-            rest = {k: v for k, v in schema.items() if k not in ("anyOf", "default") or (k == "default" and v is not None)}
+            rest = {
+                k: v for k, v in schema.items() if k not in ("anyOf", "default") or (k == "default" and v is not None)
+            }
             return structural({**present[0], **rest}, definitions)
     node: dict[str, Any] = {}
     for key, value in schema.items():
@@ -98,7 +100,7 @@ def build_crd() -> dict[str, Any]:
                                 "spec": spec,
                                 "status": {
                                     "type": "object",
-                                    "description": "Observed state: phase, conditions, URL, replicas, effective threads and memory estimate.",
+                                    "description": "Observed state: phase, conditions, URL, replicas, threads, memory.",
                                     "x-kubernetes-preserve-unknown-fields": True,
                                 },
                             },
@@ -113,7 +115,11 @@ def build_crd() -> dict[str, Any]:
                         },
                     },
                     "additionalPrinterColumns": [
-                        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+                        {
+                            "name": "Ready",
+                            "type": "string",
+                            "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+                        },
                         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
                         {"name": "URL", "type": "string", "jsonPath": ".status.url"},
                         {"name": "Replicas", "type": "integer", "jsonPath": ".status.readyReplicas"},

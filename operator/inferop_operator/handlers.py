@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
@@ -12,7 +13,7 @@ from inferop_operator.builders import Service, build_config_map, build_deploymen
 from inferop_operator.kubeapi import KubeApi, load_client
 from inferop_operator.plan import Refusal, plan_service
 from inferop_operator.settings import OperatorSettings
-from inferop_operator.spec import GROUP, KIND, PLURAL, VERSION, SpecError, parse_spec
+from inferop_operator.spec import GROUP, KIND, PLURAL, VERSION, InferenceServiceSpec, SpecError, parse_spec
 from inferop_operator.status import deployed_status, invalid_status, refused_status
 
 SETTINGS = OperatorSettings()
@@ -43,30 +44,29 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.queueing.error_delays = [1, 2, 5, 10, 30]
 
 
-def reconcile(name: str, namespace: str, uid: str, raw_spec: Any, generation: int | None, status: Any, body: Any) -> dict[str, Any]:
+def reconcile(
+    name: str, namespace: str, uid: str, raw_spec: Any, generation: int | None, status: Any, body: Any
+) -> dict[str, Any]:
     """Apply the children for a valid, safe spec and return the status; raise PermanentError otherwise."""
-    previous = (status or {}).get("conditions")
+    current = dict(status or {})
+    previous = current.get("conditions")
     try:
         spec = parse_spec(raw_spec)
     except SpecError as error:
-        _report(body, invalid_status(str(error), generation, previous), "InvalidSpec", str(error), namespace, name)
+        kopf.warn(body, reason="InvalidSpec", message=str(error))
+        patch_status(namespace, name, current, invalid_status(str(error), generation, previous))
         raise kopf.PermanentError(f"invalid spec: {error}") from None
     try:
         plan = plan_service(spec)
     except Refusal as refusal:
-        _report(
-            body,
-            refused_status(refusal.condition, refusal.reason, refusal.message, generation, previous),
-            refusal.reason,
-            refusal.message,
-            namespace,
-            name,
-        )
+        kopf.warn(body, reason=refusal.reason, message=refusal.message)
+        new_status = refused_status(refusal.condition, refusal.reason, refusal.message, generation, previous)
+        patch_status(namespace, name, current, new_status)
         raise kopf.PermanentError(refusal.message) from None
     for warning in plan.warnings:
         kopf.warn(body, reason="Warning", message=warning)
 
-    service = Service(name=name, namespace=namespace, uid=uid, spec=spec, plan=plan, image=spec.runtime.image or SETTINGS.triton_image)
+    service = Service(name=name, namespace=namespace, uid=uid, spec=spec, plan=plan, image=image_for(spec))
     kube = api()
     try:
         kube.apply(build_config_map(service))
@@ -79,21 +79,31 @@ def reconcile(name: str, namespace: str, uid: str, raw_spec: Any, generation: in
     except ApiException as error:
         # The status code stays visible; 4xx other than conflicts will not heal by retrying fast.
         delay = 5 if error.status in (409, 429) or error.status >= 500 else 30
-        raise kopf.TemporaryError(f"applying children failed: {error.status} {error.reason}: {error.body}", delay=delay) from error
+        raise kopf.TemporaryError(
+            f"applying children failed: {error.status} {error.reason}: {error.body}", delay=delay
+        ) from error
     new_status = deployed_status(service, deployment, generation, previous)
-    api().patch_service_status(namespace, name, new_status)
+    patch_status(namespace, name, current, new_status)
     return new_status
 
 
-def _report(body: Any, new_status: dict[str, Any], reason: str, message: str, namespace: str, name: str) -> None:
-    kopf.warn(body, reason=reason, message=message)
-    api().patch_service_status(namespace, name, new_status)
+def image_for(spec: InferenceServiceSpec) -> str:
+    return spec.runtime.image or SETTINGS.triton_image
+
+
+def patch_status(namespace: str, name: str, current: dict[str, Any], new: dict[str, Any]) -> None:
+    """Patch only when something changed: a resync of a converged service costs no write."""
+    if any(current.get(key) != value for key, value in new.items()):
+        api().patch_service_status(namespace, name, new)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def on_change(name: str, namespace: str, uid: str, spec: Any, meta: Any, status: Any, body: Any, **_: Any) -> None:
+def on_change(
+    name: str, namespace: str | None, uid: str, spec: Any, meta: Any, status: Any, body: Any, **_: Any
+) -> None:
+    assert namespace is not None, "InferenceServices are namespaced"
     result = reconcile(name, namespace, uid, spec, meta.get("generation"), status, body)
     threads = result["threads"]
     kopf.info(
@@ -107,32 +117,40 @@ def on_change(name: str, namespace: str, uid: str, spec: Any, meta: Any, status:
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.resync_seconds, initial_delay=SETTINGS.resync_seconds)
-def resync(name: str, namespace: str, uid: str, spec: Any, meta: Any, status: Any, body: Any, **_: Any) -> None:
+def resync(name: str, namespace: str | None, uid: str, spec: Any, meta: Any, status: Any, body: Any, **_: Any) -> None:
     """Re-apply on a timer so manual edits of children are reverted; invalid specs stay as reported."""
+    assert namespace is not None, "InferenceServices are namespaced"
     if (status or {}).get("phase") == "Failed" and (status or {}).get("observedGeneration") == meta.get("generation"):
         return
     reconcile(name, namespace, uid, spec, meta.get("generation"), status, body)
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-def deployment_event(body: Any, namespace: str, type: str | None, **_: Any) -> None:
+@kopf.index(GROUP, VERSION, PLURAL)
+def services(uid: str, spec: Any, status: Any, meta: Any, **_: Any) -> dict[str, dict[str, Any]]:
+    """Services by uid, kept in memory from the watch, so following a Deployment costs no GET."""
+    return {uid: {"spec": copy.deepcopy(dict(spec)), "status": copy.deepcopy(dict(status or {}))}}
+
+
+# kopf passes indices as keyword arguments its handler protocols do not list.
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)  # type: ignore[arg-type]
+def deployment_event(body: Any, namespace: str | None, type: str, services: kopf.Index, **_: Any) -> None:
     """Follow the Deployment's status into the owner's status (readiness, replicas, Available)."""
     owner = next((o for o in body.get("metadata", {}).get("ownerReferences", []) if o.get("kind") == KIND), None)
-    if owner is None or type == "DELETED":
+    known = services.get(owner["uid"]) if owner else None
+    if owner is None or namespace is None or type == "DELETED" or not known:
         return
-    kube = api()
-    parent = kube.get(f"{GROUP}/{VERSION}", KIND, namespace, owner["name"])
-    if parent is None or parent["metadata"].get("uid") != owner.get("uid"):
-        return
+    parent = next(iter(known))
+    if "observedGeneration" not in parent["status"]:
+        return  # not reconciled yet: the service handler writes the first status
     try:
-        spec = parse_spec(parent.get("spec"))
+        spec = parse_spec(parent["spec"])
         plan = plan_service(spec)
     except (SpecError, Refusal):
         return  # the service's own handler reports it; this Deployment predates the bad spec
     service = Service(
-        name=owner["name"], namespace=namespace, uid=owner["uid"], spec=spec, plan=plan, image=spec.runtime.image or SETTINGS.triton_image
+        name=owner["name"], namespace=namespace, uid=owner["uid"], spec=spec, plan=plan, image=image_for(spec)
     )
-    previous = parent.get("status") or {}
+    current = parent["status"]
     # observedGeneration stays what the service handler last reconciled; this only refreshes readiness.
-    new_status = deployed_status(service, dict(body), previous.get("observedGeneration"), previous.get("conditions"))
-    kube.patch_service_status(namespace, owner["name"], new_status)
+    new_status = deployed_status(service, dict(body), current.get("observedGeneration"), current.get("conditions"))
+    patch_status(namespace, owner["name"], current, new_status)

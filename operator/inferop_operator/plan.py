@@ -68,7 +68,8 @@ def plan_service(spec: InferenceServiceSpec) -> Plan:
     try:
         check_budget(threads, spec.threads.allow_oversubscription)
     except OversubscribedError as error:
-        raise Refusal("ThreadBudget", "Oversubscribed", str(error)) from None
+        assumed = " (1 CPU assumed: no CPU limit or request is set)" if cpu_source == "assumed" else ""
+        raise Refusal("ThreadBudget", "Oversubscribed", f"{error}{assumed}") from None
     if threads.oversubscribed:
         warnings.append(f"oversubscription allowed by threads.allowOversubscription: {threads.explain()}")
 

@@ -67,7 +67,9 @@ class Tensor(Section):
     )
 
     def as_tensor_spec(self) -> TensorSpec:
-        return TensorSpec(name=self.name, datatype=self.datatype, dims=tuple(self.dims), label_filename=self.label_filename)
+        return TensorSpec(
+            name=self.name, datatype=self.datatype, dims=tuple(self.dims), label_filename=self.label_filename
+        )
 
 
 class Model(Section):

@@ -19,7 +19,12 @@ def now() -> str:
 
 
 def condition(kind: str, ok: bool | None, reason: str, message: str) -> dict[str, str]:
-    return {"type": kind, "status": {True: "True", False: "False", None: "Unknown"}[ok], "reason": reason, "message": message}
+    return {
+        "type": kind,
+        "status": {True: "True", False: "False", None: "Unknown"}[ok],
+        "reason": reason,
+        "message": message,
+    }
 
 
 def merge_conditions(previous: list[dict[str, Any]] | None, current: list[dict[str, str]]) -> list[dict[str, Any]]:
@@ -29,7 +34,8 @@ def merge_conditions(previous: list[dict[str, Any]] | None, current: list[dict[s
     for item in sorted(current, key=lambda c: CONDITION_TYPES.index(c["type"])):
         old = before.get(item["type"])
         changed = old is None or old.get("status") != item["status"]
-        merged.append({**item, "lastTransitionTime": now() if changed else old.get("lastTransitionTime", now())})
+        since = now() if old is None or changed else old.get("lastTransitionTime", now())
+        merged.append({**item, "lastTransitionTime": since})
     return merged
 
 
@@ -50,7 +56,10 @@ def invalid_status(message: str, generation: int | None, previous: list[dict[str
 def refused_status(
     condition_type: str, reason: str, message: str, generation: int | None, previous: list[dict[str, Any]] | None
 ) -> dict[str, Any]:
-    checks = [condition("Valid", True, "SpecValid", "the spec is valid"), condition(condition_type, False, reason, message)]
+    checks = [
+        condition("Valid", True, "SpecValid", "the spec is valid"),
+        condition(condition_type, False, reason, message),
+    ]
     if condition_type == "MemoryFit":  # memory is checked after the thread budget, which therefore passed
         checks.append(condition("ThreadBudget", True, "WithinBudget", "the thread budget fits"))
     checks.append(condition("Ready", False, reason, f"refused before any pod was created: {message}"))
@@ -102,10 +111,15 @@ def deployed_status(
     else:
         ready_condition = condition("Ready", False, "ReplicasNotReady", f"{ready}/{desired} replicas ready")
     if available is None:
-        available_condition = condition("Available", None, "NoDeploymentStatus", "the Deployment has reported no status yet")
+        available_condition = condition(
+            "Available", None, "NoDeploymentStatus", "the Deployment has reported no status yet"
+        )
     else:
         available_condition = condition(
-            "Available", available.get("status") == "True", available.get("reason", "Unknown"), available.get("message", "")
+            "Available",
+            available.get("status") == "True",
+            available.get("reason", "Unknown"),
+            available.get("message", ""),
         )
     memory = service.plan.memory
     memory_condition = (

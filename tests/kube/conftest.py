@@ -37,7 +37,9 @@ def wait_for(check: Callable[[], T | None], timeout: float = 20.0, what: str = "
 
 
 def kube_tools_dir() -> Path:
-    out = subprocess.run(["bash", str(REPO / "scripts" / "helm-kubectl.sh")], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "helm-kubectl.sh")], capture_output=True, text=True, check=False
+    )
     if out.returncode != 0:
         pytest.skip(f"helm/kubectl unavailable (run scripts/helm-kubectl.sh): {out.stderr.strip()[-300:]}")
     return Path(out.stdout.strip().splitlines()[-1])
@@ -51,7 +53,9 @@ class Kubectl:
         self.binary = str(tools / "kubectl")
 
     def run(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run([self.binary, *args], env=self.env, capture_output=True, text=True, input=stdin, timeout=60)
+        result = subprocess.run(
+            [self.binary, *args], env=self.env, capture_output=True, text=True, input=stdin, timeout=60
+        )
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
         return result
@@ -94,12 +98,12 @@ def kubectl(control_plane: ControlPlane) -> Kubectl:
 class OperatorRunner:
     """The operator under kopf's test runner, watching all namespaces; restartable."""
 
-    ARGS = ["run", "--standalone", "--all-namespaces", "-m", "inferop_operator.handlers"]
+    ARGS = ("run", "--standalone", "--all-namespaces", "-m", "inferop_operator.handlers")
 
     def __init__(self) -> None:
         from kopf.testing import KopfRunner
 
-        self._factory = lambda: KopfRunner(self.ARGS, timeout=60)
+        self._factory = lambda: KopfRunner(list(self.ARGS), timeout=60)
         self.runner: Any = None
 
     def start(self) -> None:

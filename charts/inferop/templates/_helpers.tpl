@@ -1,0 +1,135 @@
+{{/* Chart name, overridable. */}}
+{{- define "inferop.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name of the release's objects: the release name when it already contains the chart name, else
+"<release>-<chart>"; at most 63 characters (a DNS label).
+*/}}
+{{- define "inferop.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Chart name and version, for the helm.sh/chart label. */}}
+{{- define "inferop.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels that select the operator's Pod; they never change between upgrades. */}}
+{{- define "inferop.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "inferop.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Standard labels of every object of the release. */}}
+{{- define "inferop.labels" -}}
+helm.sh/chart: {{ include "inferop.chart" . }}
+{{ include "inferop.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: inferop
+{{- end }}
+
+{{/* The ServiceAccount the operator runs as. */}}
+{{- define "inferop.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "inferop.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's image: repository@digest when a digest is given, else repository:tag (appVersion). */}}
+{{- define "inferop.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* True (non-empty) when the Prometheus Operator's objects are wanted and the cluster serves them. */}}
+{{- define "inferop.monitoring" -}}
+{{- if and .Values.monitoring.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") }}true{{ end }}
+{{- end }}
+
+{{/* Labels selecting the Triton pods the operator creates (operator/inferop_operator/builders.py). */}}
+{{- define "inferop.predictorSelector" -}}
+app.kubernetes.io/managed-by: inferop
+app.kubernetes.io/component: predictor
+{{- end }}
+
+{{/*
+RBAC, split like kopf's own example (docs/deployment-rbac.yaml): what the framework needs to watch and
+report, and what the application's handlers do. Every verb below was checked against a real API server
+with the chart's ServiceAccount (tests/kube/test_rbac.py); nothing else is granted: no wildcards, no
+Secrets, no Pods, no deletes but the HorizontalPodAutoscaler's.
+*/}}
+{{- define "inferop.frameworkRules" -}}
+# kopf lists and watches InferenceServices, and patches them to keep its handler progress and the last
+# handled spec in inferop.dev/* annotations.
+- apiGroups: ["inferop.dev"]
+  resources: ["inferenceservices"]
+  verbs: ["list", "watch", "patch"]
+# kopf watches Deployments for the handler that follows their readiness into the owner's status.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["list", "watch"]
+# kopf posts core/v1 Events (Reconciled, refusals, warnings) that `kubectl describe` shows; it never
+# updates or deletes them.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}
+
+{{- define "inferop.applicationRules" -}}
+# The owner InferenceService is read when one of its Deployments changes.
+- apiGroups: ["inferop.dev"]
+  resources: ["inferenceservices"]
+  verbs: ["get"]
+# Phase, conditions and thread plan go to the status subresource (merge patch).
+- apiGroups: ["inferop.dev"]
+  resources: ["inferenceservices/status"]
+  verbs: ["patch"]
+# Children are written by server-side apply: a PATCH, which the API server also authorizes as a create
+# when the object does not exist yet. Deletion is left to garbage collection (owner references).
+- apiGroups: [""]
+  resources: ["configmaps", "services"]
+  verbs: ["create", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["create", "patch"]
+# The HorizontalPodAutoscaler (autoscaling/v2 or v2beta2) is also deleted when spec.autoscaling is unset.
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["create", "patch", "delete"]
+{{- end }}
+
+{{/*
+kopf's observation of the cluster (rbac.clusterScanning), read-only: it watches CustomResourceDefinitions
+to follow a CRD created or changed while it runs and, given --namespace, lists and watches Namespaces to
+match it. In cluster-wide mode it never lists Namespaces. Without these kopf retries each forbidden
+listing for about a minute (its API retry backoffs) at every start before falling back to a start-up scan
+and the namespace as given.
+*/}}
+{{- define "inferop.scanningRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- if .Values.watchNamespace }}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}
+{{- end }}

@@ -1,0 +1,281 @@
+"""`make bench`: the speed and memory targets, measured in one run and printed as ratios.
+
+Serving (Inception V3): images/s through the local Triton against ONNX Runtime in-process with the same
+threads, and against this machine's fp32 ceiling (MACs x 2 / a measured large-matmul FLOP rate).
+Operator: time from `kubectl apply` to the Deployment existing (p50 of 20), time for 100 services
+applied at once to converge, and the operator's resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferop.paths import repo_root
+from inferop.threads import local_cpus
+
+ROOT = repo_root()
+REPO = ROOT / "model_repo"
+
+
+def matmul_gflops(threads: int, seconds: float = 3.0, size: int = 2048) -> float:
+    """Sustained fp32 GFLOP/s of a large matrix product with `threads` threads (PyTorch's BLAS)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)  # warm-up
+    runs, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        torch.mm(a, b)
+        runs += 1
+    return 2 * size**3 * runs / (time.perf_counter() - start) / 1e9
+
+
+def onnxruntime_images_per_second(model: Path, intra: int, inter: int, batch: int, seconds: float) -> float:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = intra, inter
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    images = np.random.default_rng(0).standard_normal((batch, 3, 299, 299)).astype(np.float32)
+    session.run(None, {"images": images})
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        session.run(None, {"images": images})
+        done += batch
+    return done / (time.perf_counter() - start)
+
+
+def serving_bench(seconds: float) -> dict[str, Any]:
+    from inferop import bench
+    from inferop.cli import main as inferop
+    from inferop.serving.tritonserver import TritonServer, free_port
+    from inferop.tritonconfig import parse_model_config
+    from inferop_export.profile import profile_onnx
+
+    cpus = local_cpus()
+    model_dir = REPO / "inception_v3"
+    if not (model_dir / "1" / "model.onnx").exists():
+        print("exporting inception_v3 (once)", flush=True)
+        if inferop(["export", "inception_v3", "--repo", str(REPO)]) != 0:
+            raise SystemExit(1)
+    config = parse_model_config((model_dir / "config.pbtxt").read_text())
+    intra = int(config.parameters["intra_op_thread_count"].string_value)
+    inter = int(config.parameters["inter_op_thread_count"].string_value)
+    batch = config.max_batch_size
+    import onnx
+
+    macs = profile_onnx(onnx.load(str(model_dir / "1" / "model.onnx"))).macs_per_sample
+
+    print(f"fp32 matmul rate with {intra} thread(s) ...", flush=True)
+    gflops = matmul_gflops(intra)
+    ceiling = gflops * 1e9 / (2 * macs)
+    print(f"ONNX Runtime in-process, batch {batch}, {intra} intra-op / {inter} inter-op threads ...", flush=True)
+    in_process = onnxruntime_images_per_second(model_dir / "1" / "model.onnx", intra, inter, batch, seconds)
+
+    print("local tritonserver, concurrency 2 x batch 8 and 16 x batch 1 ...", flush=True)
+    with TritonServer(REPO, http_port=free_port()) as server:
+        batched = bench.sweep(server.url, "inception_v3", [2], seconds, batch=batch)[0]
+        single = bench.sweep(server.url, "inception_v3", [2 * batch], seconds, batch=1)[0]
+    return {
+        "cpus": cpus,
+        "threads": {"intraOp": intra, "interOp": inter},
+        "macs_per_image": macs,
+        "matmul_gflops": round(gflops, 1),
+        "ceiling_images_per_s": round(ceiling, 2),
+        "onnxruntime_images_per_s": round(in_process, 2),
+        "triton_batch8_images_per_s": round(batched.throughput, 2),
+        "triton_batch1_images_per_s": round(single.throughput, 2),
+        "triton_batch1_mean_batch": round(single.mean_batch, 2),
+        "triton_batch1_p99_ms": round(single.p99_ms, 1),
+        "errors": batched.errors + single.errors,
+    }
+
+
+def operator_bench(services: int, samples: int) -> dict[str, Any]:
+    """Against a fresh local control plane with the operator as its own process (for its RSS)."""
+    from inferop.cluster.controlplane import ControlPlane
+
+    tools = Path(
+        subprocess.run(
+            ["bash", str(ROOT / "scripts" / "helm-kubectl.sh")], capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
+    )
+    with tempfile.TemporaryDirectory() as state, ControlPlane(Path(state) / "cluster") as plane:
+        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
+        kubectl = [str(tools / "kubectl")]
+        subprocess.run(
+            [*kubectl, "apply", "-f", str(ROOT / "charts" / "inferop" / "crds")],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            [*kubectl, "wait", "--for=condition=Established", "crd/inferenceservices.inferop.dev"],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+        log = open(Path(state) / "operator.log", "wb")  # noqa: SIM115 - closed with the process below
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "inferop.cli", "operator"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            from kubernetes import client, config
+
+            api = client.AppsV1Api(config.new_client_from_config(str(plane.kubeconfig)))
+            example = (ROOT / "operator" / "examples" / "conv-net.yaml").read_text()
+            subprocess.run([*kubectl, "create", "namespace", "latency"], env=env, check=True, capture_output=True)
+            subprocess.run([*kubectl, "create", "namespace", "fleet"], env=env, check=True, capture_output=True)
+            time.sleep(2)  # the operator's watches start
+            latencies = []
+            for index in range(samples):
+                name = f"latency-{index}"
+                text = example.replace("name: conv-net", f"name: {name}")
+                start = time.perf_counter()
+                subprocess.run(
+                    [*kubectl, "apply", "-n", "latency", "-f", "-"],
+                    input=text.encode(),
+                    env=env,
+                    check=True,
+                    capture_output=True,
+                )
+                _poll(lambda name=name: _deployment_exists(api, "latency", name), 30, f"Deployment {name}")
+                latencies.append(time.perf_counter() - start)
+
+            many = "\n---\n".join(example.replace("name: conv-net", f"name: fleet-{i}") for i in range(services))
+            start = time.perf_counter()
+            subprocess.run(
+                [*kubectl, "apply", "-n", "fleet", "-f", "-"],
+                input=many.encode(),
+                env=env,
+                check=True,
+                capture_output=True,
+            )
+            custom = client.CustomObjectsApi(api.api_client)
+
+            def converged() -> bool:
+                items = custom.list_namespaced_custom_object("inferop.dev", "v1alpha1", "fleet", "inferenceservices")[
+                    "items"
+                ]
+                done = [
+                    i for i in items if (i.get("status") or {}).get("observedGeneration") == i["metadata"]["generation"]
+                ]
+                deployments = api.list_namespaced_deployment("fleet").items
+                return len(done) == services and len(deployments) == services
+
+            _poll(converged, 300, f"{services} services converged")
+            converge_seconds = time.perf_counter() - start
+            rss = _rss_bytes(operator.pid)
+        finally:
+            operator.terminate()
+            operator.wait(30)
+            log.close()
+    return {
+        "apply_to_deployment_p50_s": round(statistics.median(latencies), 3),
+        "apply_to_deployment_max_s": round(max(latencies), 3),
+        "samples": samples,
+        "services": services,
+        "converge_s": round(converge_seconds, 2),
+        "operator_rss_mb": round(rss / 2**20, 1),
+    }
+
+
+def _deployment_exists(api: Any, namespace: str, name: str) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        api.read_namespaced_deployment(name, namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+def _poll(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.01)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def report_lines(results: dict[str, Any]) -> list[str]:
+    lines = []
+    if "serving" in results:
+        s = results["serving"]
+        gflop = 2 * s["macs_per_image"] / 1e9
+        best = max(s["triton_batch8_images_per_s"], s["triton_batch1_images_per_s"])
+        lines += [
+            f"Inception V3, {s['threads']['intraOp']} intra-op thread(s), {s['cpus']} CPU(s):",
+            f"  fp32 ceiling          {s['ceiling_images_per_s']:>7.2f} images/s"
+            f"  ({s['matmul_gflops']} GFLOP/s / {gflop:.2f} GFLOP an image)",
+            f"  ONNX Runtime          {s['onnxruntime_images_per_s']:>7.2f} images/s  in-process, batch 8",
+            f"  Triton, batch 8 x 2   {s['triton_batch8_images_per_s']:>7.2f} images/s",
+            f"  Triton, batch 1 x 16  {s['triton_batch1_images_per_s']:>7.2f} images/s"
+            f"  (dynamic batches of {s['triton_batch1_mean_batch']}, p99 {s['triton_batch1_p99_ms']} ms)",
+            f"  ratio Triton / ONNX Runtime in-process: {best / s['onnxruntime_images_per_s']:.2f}  (target >= 0.85)",
+            f"  ratio Triton / fp32 ceiling:            {best / s['ceiling_images_per_s']:.2f}  (target >= 0.75)",
+            f"  errors: {s['errors']}",
+        ]
+    if "operator" in results:
+        o = results["operator"]
+        lines += [
+            "Operator (real kube-apiserver 1.20, operator as its own process):",
+            f"  kubectl apply -> Deployment exists, p50 of {o['samples']}: {o['apply_to_deployment_p50_s']:.3f} s"
+            f"  (target < 1 s; ratio {o['apply_to_deployment_p50_s'] / 1.0:.2f})",
+            f"  {o['services']} services applied at once, converged in {o['converge_s']:.1f} s"
+            f"  (target < 30 s; ratio {o['converge_s'] / 30:.2f})",
+            f"  operator resident memory: {o['operator_rss_mb']:.0f} MB"
+            f"  (target < 150 MB; ratio {o['operator_rss_mb'] / 150:.2f})",
+        ]
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=15.0, help="duration of each throughput measurement")
+    parser.add_argument("--services", type=int, default=100)
+    parser.add_argument("--samples", type=int, default=20)
+    parser.add_argument("--skip-serving", action="store_true")
+    parser.add_argument("--skip-operator", action="store_true")
+    parser.add_argument("--json", type=Path, default=ROOT / "out" / "bench.json", help="write the figures here")
+    args = parser.parse_args()
+
+    results: dict[str, Any] = {}
+    if not args.skip_serving:
+        results["serving"] = serving_bench(args.seconds)
+    if not args.skip_operator:
+        results["operator"] = operator_bench(args.services, args.samples)
+
+    print("\n=== results (measured in this run)")
+    for line in report_lines(results):
+        print(line)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2))
+    print(f"figures: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

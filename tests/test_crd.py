@@ -1,0 +1,230 @@
+"""The CRD, generated from the spec model: structural, documented, defaulted, and committed current."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from inferop_operator.crd import CRD_PATH, build_crd, main, render_crd
+from inferop_operator.spec import parse_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "operator" / "examples"
+CHART_CRDS = ROOT / "charts" / "inferop" / "crds"
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict[str, Any]:
+    return build_crd()
+
+
+@pytest.fixture(scope="module")
+def version(crd: dict[str, Any]) -> dict[str, Any]:
+    (served,) = crd["spec"]["versions"]
+    return dict(served)
+
+
+@pytest.fixture(scope="module")
+def spec_schema(version: dict[str, Any]) -> dict[str, Any]:
+    return dict(version["schema"]["openAPIV3Schema"]["properties"]["spec"])
+
+
+@pytest.fixture(scope="module")
+def validator(version: dict[str, Any]) -> Any:
+    """The CRD's schema as a JSON Schema validator (OpenAPI 3.0 keeps draft 4's boolean exclusiveMinimum)."""
+    jsonschema = pytest.importorskip("jsonschema", reason="install jsonschema to validate examples")
+    return jsonschema.Draft4Validator(version["schema"]["openAPIV3Schema"])
+
+
+def nodes(schema: dict[str, Any], path: str = "spec") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every schema node below `schema`, with a dotted path a user would recognise."""
+    yield path, schema
+    for name, child in schema.get("properties", {}).items():
+        yield from nodes(child, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        yield from nodes(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from nodes(schema["additionalProperties"], f"{path}.*")
+
+
+def properties(schema: dict[str, Any], path: str = "spec") -> Iterator[tuple[str, dict[str, Any]]]:
+    for node_path, node in nodes(schema, path):
+        for name, child in node.get("properties", {}).items():
+            yield f"{node_path}.{name}", child
+
+
+class TestIdentity:
+    def test_group_names_and_version(self, crd: dict[str, Any], version: dict[str, Any]) -> None:
+        assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
+        assert crd["metadata"]["name"] == "inferenceservices.inferop.dev"
+        assert crd["spec"]["group"] == "inferop.dev"
+        assert crd["spec"]["scope"] == "Namespaced"
+        names = crd["spec"]["names"]
+        assert (names["kind"], names["plural"], names["singular"]) == (
+            "InferenceService",
+            "inferenceservices",
+            "inferenceservice",
+        )
+        assert names["shortNames"] == ["infsvc"]
+        assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
+
+    def test_status_and_scale_subresources(self, version: dict[str, Any]) -> None:
+        subresources = version["subresources"]
+        assert subresources["status"] == {}
+        assert subresources["scale"] == {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        }
+
+    def test_printer_columns(self, version: dict[str, Any]) -> None:
+        columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+        assert {"Ready", "URL", "Replicas", "Threads", "Age"} <= set(columns)
+        assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
+        assert columns["URL"]["jsonPath"] == ".status.url"
+        assert columns["Threads"]["jsonPath"] == ".status.threads.summary"
+        assert (columns["Age"]["type"], columns["Age"]["jsonPath"]) == ("date", ".metadata.creationTimestamp")
+        assert columns["Replicas"]["type"] == "integer"
+
+    def test_spec_required_and_status_open(self, version: dict[str, Any]) -> None:
+        root = version["schema"]["openAPIV3Schema"]
+        assert root["required"] == ["spec"]
+        assert root["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+class TestSchema:
+    def test_every_spec_property_has_a_description(self, spec_schema: dict[str, Any]) -> None:
+        undocumented = [path for path, node in properties(spec_schema) if not node.get("description", "").strip()]
+        assert undocumented == []
+        assert spec_schema["description"]
+
+    def test_descriptions_are_single_lines(self, spec_schema: dict[str, Any]) -> None:
+        assert [path for path, node in nodes(spec_schema) if "\n" in node.get("description", "")] == []
+
+    def test_structural(self, spec_schema: dict[str, Any]) -> None:
+        """No pydantic leftovers; every node has a type, or is an int-or-string quantity."""
+        for path, node in nodes(spec_schema):
+            assert not {"$ref", "$defs", "title", "allOf", "oneOf"} & set(node), path
+            if "anyOf" in node:
+                assert node.get("x-kubernetes-int-or-string") is True, path
+                assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
+            else:
+                assert node.get("type") in ("object", "array", "string", "integer", "number", "boolean"), path
+            assert node.get("additionalProperties") is not False, path
+
+    def test_optional_fields_are_not_nullable(self, spec_schema: dict[str, Any]) -> None:
+        for path in ("spec.runtime.image", "spec.threads.intraOp", "spec.autoscaling", "spec.gpu"):
+            node = dict(properties(spec_schema))[path]
+            assert "anyOf" not in node, path
+            assert "default" not in node, path
+            assert node.get("nullable") is not True, path
+
+    @pytest.mark.parametrize(
+        ("path", "default"),
+        [
+            ("spec.batching.maxBatchSize", 8),
+            ("spec.batching.maxQueueDelayMicroseconds", 2000),
+            ("spec.batching.maxQueueSize", 64),
+            ("spec.timeouts.requestSeconds", 10.0),
+            ("spec.timeouts.startupSeconds", 300),
+            ("spec.threads.allowOversubscription", False),
+            ("spec.autoscaling.minReplicas", 1),
+            ("spec.autoscaling.metric", "cpu"),
+            ("spec.replicas", 1),
+            ("spec.instances", 1),
+            ("spec.model.inputs[].datatype", "FP32"),
+        ],
+    )
+    def test_defaults(self, spec_schema: dict[str, Any], path: str, default: Any) -> None:
+        assert dict(properties(spec_schema))[path]["default"] == default
+
+    @pytest.mark.parametrize("section", ["batching", "timeouts", "threads"])
+    def test_section_defaults_match_the_model(self, spec_schema: dict[str, Any], section: str) -> None:
+        """What the apiserver fills in for a section a user left out is what the operator assumes."""
+        schema = spec_schema["properties"][section]
+        assert schema["default"] == {}
+        from_crd = {name: p["default"] for name, p in schema["properties"].items() if "default" in p}
+        model = parse_spec({"model": yaml.safe_load((EXAMPLES / "conv-net.yaml").read_text())["spec"]["model"]})
+        assert from_crd == getattr(model, section).model_dump(by_alias=True, exclude_none=True)
+
+    def test_required_sections_have_no_default(self, spec_schema: dict[str, Any]) -> None:
+        assert spec_schema["required"] == ["model"]
+        for section in ("model", "autoscaling", "gpu"):
+            assert "default" not in spec_schema["properties"][section], section
+
+    def test_enums_and_patterns(self, spec_schema: dict[str, Any]) -> None:
+        found = dict(properties(spec_schema))
+        assert found["spec.autoscaling.metric"]["enum"] == ["cpu", "queueTime", "pendingRequests"]
+        assert found["spec.model.storageUri"]["pattern"] == "^(pvc|hostpath|oci)://.+$"
+        assert found["spec.gpu.memory"]["x-kubernetes-int-or-string"] is True
+        limits = found["spec.resources.limits"]["additionalProperties"]
+        assert limits["x-kubernetes-int-or-string"] is True
+        assert "pattern" in limits
+
+    def test_exclusive_minimum_in_openapi_form(self, spec_schema: dict[str, Any]) -> None:
+        request = dict(properties(spec_schema))["spec.timeouts.requestSeconds"]
+        assert (request["minimum"], request["exclusiveMinimum"]) == (0, True)
+
+
+class TestExamplesAgainstTheSchema:
+    """The apiserver's view: valid and refused examples are accepted, invalid ones rejected."""
+
+    @pytest.mark.parametrize(
+        "path",
+        [
+            pytest.param(p, id=p.name)
+            for p in [*sorted(EXAMPLES.glob("*.yaml")), *sorted(EXAMPLES.glob("refused/*.yaml"))]
+        ],
+    )
+    def test_accepted(self, validator: Any, path: Path) -> None:
+        errors = [e.message for e in validator.iter_errors(yaml.safe_load(path.read_text()))]
+        assert errors == []
+
+    @pytest.mark.parametrize("path", [pytest.param(p, id=p.name) for p in sorted(EXAMPLES.glob("invalid/*.yaml"))])
+    def test_rejected(self, validator: Any, path: Path) -> None:
+        errors = {".".join(map(str, e.absolute_path)) for e in validator.iter_errors(yaml.safe_load(path.read_text()))}
+        expected = {
+            "bad-autoscaling.yaml": {"spec.batching.maxBatchSize", "spec.autoscaling.metric"},
+            "unknown-scheme.yaml": {"spec.model.storageUri"},
+        }
+        assert errors
+        assert errors == expected.get(path.name, errors)
+
+
+class TestCommittedCrd:
+    def test_chart_crd_is_current(self) -> None:
+        """The drift check: regenerate with `make crd` when the spec model changes."""
+        assert CRD_PATH == CHART_CRDS / "inferenceservices.inferop.dev.yaml"
+        assert CRD_PATH.read_text() == render_crd()
+
+    def test_chart_holds_only_generated_crds(self) -> None:
+        for path in CHART_CRDS.glob("*.yaml"):
+            assert yaml.safe_load(path.read_text()) == build_crd(), path.name
+
+    def test_rendered_text_round_trips(self) -> None:
+        text = render_crd()
+        assert text.startswith("# Generated from inferop_operator/spec.py")
+        assert yaml.safe_load(text) == build_crd()
+
+    def test_check_command_passes(self) -> None:
+        result = subprocess.run(
+            [sys.executable, "-m", "inferop_operator.crd", "--check"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+
+    def test_check_fails_on_drift(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: Any) -> None:
+        stale = tmp_path / "crd.yaml"
+        stale.write_text(render_crd().replace("Most replicas.", "Most replicas (stale)."))
+        monkeypatch.setattr("inferop_operator.crd.CRD_PATH", stale)
+        assert main(["--check"]) == 1
+        assert "make crd" in capsys.readouterr().err

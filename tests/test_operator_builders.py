@@ -1,0 +1,581 @@
+"""The children an InferenceService owns, as the cluster sees them: Deployment, ConfigMap, Service, HPA."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tritonclient.grpc import model_config_pb2 as mc
+
+from inferop.tritonconfig import parse_model_config
+from inferop_operator.builders import (
+    CONFIG_DIR,
+    CONFIG_HASH_ANNOTATION,
+    MODEL_REPOSITORY,
+    MODEL_SOURCE,
+    Service,
+    build_config_map,
+    build_deployment,
+    build_hpa,
+    build_service,
+    layout_script,
+    source_volume,
+    triton_args,
+)
+from inferop_operator.plan import plan_service
+from inferop_operator.spec import parse_spec
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "operator" / "examples"
+IMAGE = "nvcr.io/nvidia/tritonserver:24.08-py3"
+UID = "7d5c6a1e-0000-4000-8000-000000000001"
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def raw_spec(**sections: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {
+            "name": "conv_net",
+            "storageUri": "hostpath:///models/conv_net",
+            "profile": {
+                "parameters": 10,
+                "macsPerSample": 100,
+                "weightBytes": 40,
+                "activationBytesPerSample": 8,
+            },
+            "inputs": [{"name": "board", "dims": [1, 8, 7]}],
+            "outputs": [{"name": "policy", "dims": [7]}, {"name": "value", "dims": [1]}],
+        },
+        "resources": {"requests": {"cpu": "2", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}},
+    }
+    spec.update(copy.deepcopy(sections))
+    return spec
+
+
+def with_storage(uri: str) -> dict[str, Any]:
+    raw = raw_spec()
+    raw["model"]["storageUri"] = uri
+    return raw
+
+
+def example(name: str) -> dict[str, Any]:
+    return dict(yaml.safe_load((EXAMPLES / name).read_text())["spec"])
+
+
+def make_service(raw: dict[str, Any], name: str = "conv-net", uid: str = UID) -> Service:
+    spec = parse_spec(raw)
+    return Service(name=name, namespace="models", uid=uid, spec=spec, plan=plan_service(spec), image=IMAGE)
+
+
+# Specs a user would write: the examples, a GPU service, a model image, scaling on Triton's metrics.
+SPECS = {
+    "conv-net example": example("conv-net.yaml"),
+    "inception example": example("inception-v3.yaml"),
+    "defaults": raw_spec(resources={}),
+    "gpu": raw_spec(
+        resources={"limits": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": 1}},
+        gpu={"memory": "16Gi"},
+        instances=2,
+    ),
+    "oci": with_storage("oci://ghcr.io/acme/conv-net-model:1"),
+    "queue time autoscaling": raw_spec(
+        autoscaling={"minReplicas": 2, "maxReplicas": 5, "metric": "queueTime", "target": 200}
+    ),
+}
+SPEC_PARAMS = [pytest.param(raw, id=name) for name, raw in SPECS.items()]
+
+
+def triton_container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == "triton"
+    return container
+
+
+def init_container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in deployment["spec"]["template"]["spec"]["initContainers"] if c["name"] == name)
+
+
+def owner_reference(name: str = "conv-net") -> dict[str, Any]:
+    return {
+        "apiVersion": "inferop.dev/v1alpha1",
+        "kind": "InferenceService",
+        "name": name,
+        "uid": UID,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+class TestDeployment:
+    @pytest.mark.parametrize("raw", SPEC_PARAMS)
+    def test_resources_copied_exactly(self, raw: dict[str, Any]) -> None:
+        resources = triton_container(build_deployment(make_service(raw)))["resources"]
+        expected = {"requests": {}, "limits": {}, **raw.get("resources", {})}
+        assert resources == expected
+
+    @pytest.mark.parametrize("raw", SPEC_PARAMS)
+    def test_math_library_threads_equal_the_planned_intra_op(self, raw: dict[str, Any]) -> None:
+        service = make_service(raw)
+        env = {e["name"]: e["value"] for e in triton_container(build_deployment(service))["env"]}
+        assert {name: env[name] for name in THREAD_ENV} == dict.fromkeys(THREAD_ENV, str(service.plan.threads.intra_op))
+
+    @pytest.mark.parametrize(
+        ("raw", "threads"),
+        [
+            (example("inception-v3.yaml"), "2"),  # 4 CPUs / 2 instances
+            (raw_spec(resources={"limits": {"cpu": "8"}}, threads={"intraOp": 3, "interOp": 2}), "3"),
+            (raw_spec(resources={"limits": {"cpu": "500m"}}), "1"),
+        ],
+    )
+    def test_thread_env_values(self, raw: dict[str, Any], threads: str) -> None:
+        env = {e["name"]: e["value"] for e in triton_container(build_deployment(make_service(raw)))["env"]}
+        assert env["OMP_NUM_THREADS"] == threads
+
+    def test_named_ports(self) -> None:
+        ports = triton_container(build_deployment(make_service(raw_spec())))["ports"]
+        assert [(p["name"], p["containerPort"], p["protocol"]) for p in ports] == [
+            ("http", 8000, "TCP"),
+            ("grpc", 8001, "TCP"),
+            ("metrics", 8002, "TCP"),
+        ]
+
+    def test_health_probes(self) -> None:
+        container = triton_container(build_deployment(make_service(raw_spec())))
+        assert container["livenessProbe"]["httpGet"] == {
+            "path": "/v2/health/live",
+            "port": "http",
+            "scheme": "HTTP",
+        }
+        assert container["readinessProbe"]["httpGet"] == {
+            "path": "/v2/health/ready",
+            "port": "http",
+            "scheme": "HTTP",
+        }
+        assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+
+    @pytest.mark.parametrize("startup_seconds", [5, 7, 60, 301, 7200])
+    def test_startup_probe_covers_the_startup_budget(self, startup_seconds: int) -> None:
+        raw = raw_spec(timeouts={"startupSeconds": startup_seconds})
+        probe = triton_container(build_deployment(make_service(raw)))["startupProbe"]
+        budget = probe["failureThreshold"] * probe["periodSeconds"]
+        assert startup_seconds <= budget < startup_seconds + probe["periodSeconds"]
+
+    @pytest.mark.parametrize("raw", SPEC_PARAMS)
+    def test_restricted_security_contexts(self, raw: dict[str, Any]) -> None:
+        pod = build_deployment(make_service(raw))["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert pod["automountServiceAccountToken"] is False
+        for container in pod["initContainers"] + pod["containers"]:
+            context = container["securityContext"]
+            assert context["runAsNonRoot"] is True, container["name"]
+            assert context["allowPrivilegeEscalation"] is False, container["name"]
+            assert context["readOnlyRootFilesystem"] is True, container["name"]
+            assert context["capabilities"] == {"drop": ["ALL"]}, container["name"]
+            assert "privileged" not in context
+
+    @pytest.mark.parametrize("raw", SPEC_PARAMS)
+    def test_every_container_has_resources_and_every_mount_a_volume(self, raw: dict[str, Any]) -> None:
+        pod = build_deployment(make_service(raw))["spec"]["template"]["spec"]
+        volumes = {v["name"] for v in pod["volumes"]}
+        for container in pod["initContainers"] + pod["containers"]:
+            assert {m["name"] for m in container["volumeMounts"]} <= volumes, container["name"]
+        for container in pod["initContainers"]:
+            assert container["resources"]["limits"], container["name"]
+
+    def test_replicas_set_without_autoscaling(self) -> None:
+        deployment = build_deployment(make_service(raw_spec(replicas=3)))
+        assert deployment["spec"]["replicas"] == 3
+
+    def test_replicas_left_to_the_hpa_with_autoscaling(self) -> None:
+        deployment = build_deployment(make_service(example("inception-v3.yaml")))
+        assert "replicas" not in deployment["spec"]
+
+    def test_scaled_to_zero(self) -> None:
+        assert build_deployment(make_service(raw_spec(replicas=0)))["spec"]["replicas"] == 0
+
+    @staticmethod
+    def config_hash(raw: dict[str, Any]) -> str:
+        deployment = build_deployment(make_service(raw))
+        return str(deployment["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION])
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            {"batching": {"maxBatchSize": 16}},
+            {"batching": {"maxQueueSize": 10}},
+            {"timeouts": {"requestSeconds": 3}},
+            {"threads": {"intraOp": 1}},
+            {"instances": 2},
+        ],
+    )
+    def test_config_hash_changes_with_the_rendered_config(self, change: dict[str, Any]) -> None:
+        assert self.config_hash(raw_spec(**change)) != self.config_hash(raw_spec())
+
+    @pytest.mark.parametrize("change", [{"replicas": 4}, {"replicas": 0}, {"runtime": {"image": "triton:other"}}])
+    def test_config_hash_stays_when_the_config_does_not_change(self, change: dict[str, Any]) -> None:
+        assert self.config_hash(raw_spec(**change)) == self.config_hash(raw_spec())
+
+    def test_config_hash_is_of_the_config_map(self) -> None:
+        first, second = make_service(raw_spec()), make_service(raw_spec(batching={"maxBatchSize": 16}))
+        assert build_config_map(first)["data"] != build_config_map(second)["data"]
+        assert first.config_hash != second.config_hash
+
+    def test_owned_by_the_inference_service(self) -> None:
+        deployment = build_deployment(make_service(raw_spec()))
+        assert deployment["metadata"]["ownerReferences"] == [owner_reference()]
+        assert (deployment["metadata"]["name"], deployment["metadata"]["namespace"]) == ("conv-net", "models")
+
+    def test_labels(self) -> None:
+        deployment = build_deployment(make_service(raw_spec()))
+        expected = {
+            "app.kubernetes.io/name": "triton",
+            "app.kubernetes.io/instance": "conv-net",
+            "app.kubernetes.io/component": "predictor",
+            "app.kubernetes.io/part-of": "inferop",
+            "app.kubernetes.io/managed-by": "inferop",
+        }
+        assert deployment["metadata"]["labels"] == expected
+        assert deployment["spec"]["template"]["metadata"]["labels"] == expected
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= expected.items()
+        assert selector["app.kubernetes.io/instance"] == "conv-net"
+
+    def test_two_services_do_not_select_each_others_pods(self) -> None:
+        first = build_deployment(make_service(raw_spec(), name="a"))["spec"]["selector"]["matchLabels"]
+        second = build_deployment(make_service(raw_spec(), name="b"))["spec"]["template"]["metadata"]["labels"]
+        assert not first.items() <= second.items()
+
+    @pytest.mark.parametrize("raw", SPEC_PARAMS)
+    def test_image(self, raw: dict[str, Any]) -> None:
+        deployment = build_deployment(make_service(raw))
+        assert triton_container(deployment)["image"] == IMAGE
+        assert init_container(deployment, "layout-model")["image"] == IMAGE
+
+    def test_config_map_is_mounted(self) -> None:
+        service = make_service(raw_spec())
+        pod = build_deployment(service)["spec"]["template"]["spec"]
+        volume = next(v for v in pod["volumes"] if v["name"] == "config")
+        assert volume["configMap"]["name"] == build_config_map(service)["metadata"]["name"]
+        (container,) = pod["containers"]
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
+        assert (mount["mountPath"], mount["readOnly"]) == (CONFIG_DIR, True)
+
+
+class TestTritonArgs:
+    def test_fixed_model_and_restricted_repository_api(self) -> None:
+        service = make_service(raw_spec())
+        args = triton_args(service)
+        assert triton_container(build_deployment(service))["args"] == args
+        assert "--model-control-mode=none" in args
+        assert f"--model-repository={MODEL_REPOSITORY}" in args
+        assert "--strict-readiness=true" in args
+        restricted = f"model-repository,shared-memory:inferop-admin={service.admin_token}"
+        assert f"--http-restricted-api={restricted}" in args
+        assert f"--grpc-restricted-protocol={restricted}" in args
+        assert tuple(a for a in args if re.match(r"--(http|grpc|metrics)-port=", a)) == (
+            "--http-port=8000",
+            "--grpc-port=8001",
+            "--metrics-port=8002",
+        )
+
+    def test_admin_token_differs_per_service(self) -> None:
+        first = make_service(raw_spec(), uid="uid-1").admin_token
+        second = make_service(raw_spec(), uid="uid-2").admin_token
+        assert first != second
+        assert len(first) == 32
+
+    @pytest.mark.parametrize(("request_seconds", "exit_timeout"), [(10, 15), (2.5, 8), (0.1, 6)])
+    def test_in_flight_requests_get_time_to_finish(self, request_seconds: float, exit_timeout: int) -> None:
+        service = make_service(raw_spec(timeouts={"requestSeconds": request_seconds}))
+        assert f"--exit-timeout-secs={exit_timeout}" in triton_args(service)
+        grace = build_deployment(service)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace > exit_timeout
+
+    def test_cpu_and_gpu(self) -> None:
+        cpu, gpu = triton_args(make_service(SPECS["defaults"])), triton_args(make_service(SPECS["gpu"]))
+        assert "--allow-gpu-metrics=false" in cpu
+        assert "--pinned-memory-pool-byte-size=0" in cpu
+        assert "--allow-gpu-metrics=true" in gpu
+        assert "--pinned-memory-pool-byte-size=0" not in gpu
+
+
+class TestStorage:
+    @pytest.mark.parametrize(
+        ("uri", "claim", "sub_path"),
+        [
+            ("pvc://models/inception_v3", "models", "inception_v3"),
+            ("pvc://models/zoo/inception_v3/", "models", "zoo/inception_v3"),
+            ("pvc://models", "models", None),
+        ],
+    )
+    def test_pvc_mounted_read_only(self, uri: str, claim: str, sub_path: str | None) -> None:
+        volume, mount = source_volume(make_service(with_storage(uri)))
+        assert volume == {
+            "name": "model-source",
+            "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
+        }
+        assert mount["readOnly"] is True
+        assert mount.get("subPath") == sub_path
+        assert mount["mountPath"] == MODEL_SOURCE
+
+    def test_hostpath_directory(self) -> None:
+        volume, mount = source_volume(make_service(with_storage("hostpath:///models/conv_net")))
+        assert volume == {
+            "name": "model-source",
+            "hostPath": {"path": "/models/conv_net", "type": "Directory"},
+        }
+        assert mount["readOnly"] is True
+
+    def test_oci_fetched_by_an_init_container_running_the_model_image(self) -> None:
+        deployment = build_deployment(make_service(with_storage("oci://ghcr.io/acme/conv-net-model:1")))
+        pod = deployment["spec"]["template"]["spec"]
+        assert next(v for v in pod["volumes"] if v["name"] == "model-source") == {
+            "name": "model-source",
+            "emptyDir": {},
+        }
+        assert [c["name"] for c in pod["initContainers"]] == ["fetch-model", "layout-model"]
+        fetch = init_container(deployment, "fetch-model")
+        assert fetch["image"] == "ghcr.io/acme/conv-net-model:1"
+        assert fetch["command"] == ["sh", "-c", f"cp -R /model/. {MODEL_SOURCE}/"]
+        assert fetch["volumeMounts"] == [{"name": "model-source", "mountPath": MODEL_SOURCE, "readOnly": False}]
+        source_mount = next(m for m in triton_container(deployment)["volumeMounts"] if m["name"] == "model-source")
+        assert source_mount["readOnly"] is True
+
+    @pytest.mark.parametrize("uri", ["pvc://models/x", "hostpath:///models/x"])
+    def test_no_fetch_for_mounted_storage(self, uri: str) -> None:
+        pod = build_deployment(make_service(with_storage(uri)))["spec"]["template"]["spec"]
+        assert [c["name"] for c in pod["initContainers"]] == ["layout-model"]
+
+
+class TestLayoutScript:
+    """The layout init container's script, run with `sh` on directories standing in for its mounts."""
+
+    @staticmethod
+    def run(service: Service, root: Path) -> subprocess.CompletedProcess[str]:
+        places = {
+            MODEL_SOURCE: root / "source",
+            MODEL_REPOSITORY: root / "models",
+            CONFIG_DIR: root / "config",
+        }
+        script = re.sub("|".join(map(re.escape, places)), lambda m: str(places[m.group()]), layout_script(service))
+        assert "/etc/inferop" not in script and "/mnt/model-source" not in script
+        (root / "config").mkdir(exist_ok=True)
+        (root / "config" / "config.pbtxt").write_text(build_config_map(service)["data"]["config.pbtxt"])
+        (root / "models").mkdir(exist_ok=True)
+        return subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30, check=False)
+
+    @staticmethod
+    def model_source(root: Path, version: bool = True) -> dict[str, bytes]:
+        """A model directory as `inferop export` writes it, shipped with a stale config.pbtxt; read-only."""
+        source = root / "source"
+        files = {"labels.txt": b"a\nb\n", "config.pbtxt": b'name: "stale"\nmax_batch_size: 1\n'}
+        files["1/model.onnx" if version else "model.onnx"] = b"\x08\x07onnx-bytes"
+        for relative, content in files.items():
+            (source / relative).parent.mkdir(parents=True, exist_ok=True)
+            (source / relative).write_bytes(content)
+        for path in [*sorted(source.rglob("*"), reverse=True), source]:
+            path.chmod(0o555 if path.is_dir() else 0o444)
+        return files
+
+    @staticmethod
+    def snapshot(source: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(source)): p.read_bytes() for p in source.rglob("*") if p.is_file()}
+
+    @pytest.fixture
+    def root(self, tmp_path: Path) -> Iterator[Path]:
+        yield tmp_path
+        for path in [tmp_path, *tmp_path.rglob("*")]:  # let pytest remove the read-only source
+            if not path.is_symlink():
+                path.chmod(0o755)
+
+    def test_links_the_model_and_puts_the_rendered_config_in_place(self, root: Path) -> None:
+        service = make_service(raw_spec())
+        files = self.model_source(root)
+        result = self.run(service, root)
+        assert result.returncode == 0, result.stderr
+        assert "model repository laid out" in result.stdout
+
+        model = root / "models" / "conv_net"
+        assert sorted(p.name for p in model.iterdir()) == ["1", "config.pbtxt", "labels.txt"]
+        assert (model / "1").is_symlink()
+        assert (model / "1" / "model.onnx").read_bytes() == files["1/model.onnx"]
+        assert (model / "labels.txt").read_bytes() == files["labels.txt"]
+        assert (model / "config.pbtxt").read_text() == service.config_text
+        assert parse_model_config((model / "config.pbtxt").read_text()).name == "conv_net"
+        assert self.snapshot(root / "source") == files  # the user's storage is untouched
+
+    def test_running_again_converges(self, root: Path) -> None:
+        """An init container runs again when its pod restarts, with the emptyDir still filled."""
+        service = make_service(raw_spec())
+        self.model_source(root)
+        assert self.run(service, root).returncode == 0
+        again = self.run(service, root)
+        assert again.returncode == 0, again.stderr
+        assert (root / "models" / "conv_net" / "config.pbtxt").read_text() == service.config_text
+
+    def test_no_version_directory_fails_clearly(self, root: Path) -> None:
+        self.model_source(root, version=False)
+        result = self.run(make_service(raw_spec()), root)
+        assert result.returncode != 0
+        assert f"no version directory (e.g. 1/model.onnx) in {root / 'source'}" in result.stderr
+
+    def test_missing_source_fails_clearly(self, root: Path) -> None:
+        result = self.run(make_service(raw_spec()), root)
+        assert result.returncode != 0
+        assert f"model source {root / 'source'} is not a directory" in result.stderr
+
+    def test_model_name_is_the_repository_directory(self) -> None:
+        raw = raw_spec()
+        raw["model"]["name"] = "inception_v3"
+        assert f"dst={MODEL_REPOSITORY}/inception_v3" in layout_script(make_service(raw))
+
+    @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through read-only permissions")
+    def test_source_is_read_only_while_laid_out(self, root: Path) -> None:
+        self.model_source(root)
+        assert not os.access(root / "source", os.W_OK)
+        assert self.run(make_service(raw_spec()), root).returncode == 0
+
+
+class TestConfigMap:
+    @staticmethod
+    def rendered(raw: dict[str, Any]) -> tuple[Service, mc.ModelConfig]:
+        service = make_service(raw)
+        config_map = build_config_map(service)
+        assert config_map["metadata"]["name"] == "conv-net-config"
+        assert list(config_map["data"]) == ["config.pbtxt"]
+        return service, parse_model_config(config_map["data"]["config.pbtxt"])
+
+    @pytest.mark.parametrize("raw", SPEC_PARAMS)
+    def test_carries_the_planned_config(self, raw: dict[str, Any]) -> None:
+        service, config = self.rendered(raw)
+        spec = service.spec
+        assert config.name == spec.model.name
+        assert config.platform == "onnxruntime_onnx"
+        assert config.max_batch_size == spec.batching.max_batch_size
+        (group,) = config.instance_group
+        assert group.count == spec.instances
+        assert group.kind == (mc.ModelInstanceGroup.KIND_GPU if spec.uses_gpu else mc.ModelInstanceGroup.KIND_CPU)
+        policy = config.dynamic_batching.default_queue_policy
+        assert policy.default_timeout_microseconds == round(spec.timeouts.request_seconds * 1e6)
+        assert policy.max_queue_size == spec.batching.max_queue_size
+        assert policy.timeout_action == mc.ModelQueuePolicy.REJECT
+        assert config.dynamic_batching.max_queue_delay_microseconds == spec.batching.max_queue_delay_microseconds
+        assert config.parameters["intra_op_thread_count"].string_value == str(service.plan.threads.intra_op)
+        assert config.parameters["inter_op_thread_count"].string_value == str(service.plan.threads.inter_op)
+        assert [i.name for i in config.input] == [t.name for t in spec.model.inputs]
+        assert [o.name for o in config.output] == [t.name for t in spec.model.outputs]
+
+    def test_conv_net_example_numbers(self) -> None:
+        _, config = self.rendered(example("conv-net.yaml"))
+        assert config.max_batch_size == 16
+        assert (config.instance_group[0].count, config.instance_group[0].kind) == (
+            2,
+            mc.ModelInstanceGroup.KIND_CPU,
+        )
+        assert config.dynamic_batching.default_queue_policy.default_timeout_microseconds == 2_000_000
+        assert config.dynamic_batching.default_queue_policy.max_queue_size == 128
+        assert config.parameters["intra_op_thread_count"].string_value == "1"  # 2 CPUs / 2 instances
+
+    def test_gpu_instances(self) -> None:
+        _, config = self.rendered(SPECS["gpu"])
+        assert (config.instance_group[0].count, config.instance_group[0].kind) == (
+            2,
+            mc.ModelInstanceGroup.KIND_GPU,
+        )
+
+    def test_label_file(self) -> None:
+        _, config = self.rendered(example("inception-v3.yaml"))
+        assert config.output[0].label_filename == "labels.txt"
+
+    def test_owned_by_the_inference_service(self) -> None:
+        assert build_config_map(make_service(raw_spec()))["metadata"]["ownerReferences"] == [owner_reference()]
+
+
+class TestService:
+    def test_selects_the_pods(self) -> None:
+        service = make_service(raw_spec())
+        selector = build_service(service)["spec"]["selector"]
+        deployment = build_deployment(service)
+        assert selector == deployment["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+    def test_ports_target_the_named_container_ports(self) -> None:
+        service = make_service(raw_spec())
+        ports = build_service(service)["spec"]["ports"]
+        assert [(p["name"], p["port"], p["targetPort"]) for p in ports] == [
+            ("http", 8000, "http"),
+            ("grpc", 8001, "grpc"),
+            ("metrics", 8002, "metrics"),
+        ]
+        container_ports = {p["name"] for p in triton_container(build_deployment(service))["ports"]}
+        assert {p["targetPort"] for p in ports} == container_ports
+
+    def test_name_matches_the_url(self) -> None:
+        service = make_service(raw_spec())
+        built = build_service(service)
+        assert built["spec"]["type"] == "ClusterIP"
+        assert service.url == f"http://{built['metadata']['name']}.{built['metadata']['namespace']}.svc:8000"
+        assert built["metadata"]["ownerReferences"] == [owner_reference()]
+
+
+class TestHpa:
+    @pytest.mark.parametrize("api_version", ["autoscaling/v2", "autoscaling/v2beta2"])
+    def test_api_version_as_served(self, api_version: str) -> None:
+        hpa = build_hpa(make_service(example("inception-v3.yaml"), name="inception-v3"), api_version)
+        assert hpa["apiVersion"] == api_version
+        assert hpa["kind"] == "HorizontalPodAutoscaler"
+        assert hpa["spec"]["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": "inception-v3",
+        }
+        assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 4)
+        assert hpa["metadata"]["ownerReferences"] == [owner_reference("inception-v3")]
+
+    def test_cpu_utilization(self) -> None:
+        hpa = build_hpa(make_service(example("inception-v3.yaml")), "autoscaling/v2")
+        assert hpa["spec"]["metrics"] == [
+            {
+                "type": "Resource",
+                "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}},
+            }
+        ]
+
+    @pytest.mark.parametrize(
+        ("metric", "triton_metric"),
+        [
+            ("queueTime", "nv_inference_queue_duration_us"),
+            ("pendingRequests", "nv_inference_pending_request_count"),
+        ],
+    )
+    def test_triton_pods_metrics(self, metric: str, triton_metric: str) -> None:
+        raw = raw_spec(autoscaling={"minReplicas": 2, "maxReplicas": 6, "metric": metric, "target": 250})
+        hpa = build_hpa(make_service(raw), "autoscaling/v2")
+        assert hpa["spec"]["metrics"] == [
+            {
+                "type": "Pods",
+                "pods": {
+                    "metric": {"name": triton_metric},
+                    "target": {"type": "AverageValue", "averageValue": "250"},
+                },
+            }
+        ]
+        assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+
+    def test_needs_autoscaling(self) -> None:
+        with pytest.raises(ValueError, match="autoscaling"):
+            build_hpa(make_service(raw_spec()), "autoscaling/v2")
+
+
+def test_startup_budget_rounds_up() -> None:
+    """A 301 s budget is not cut to 300 s by the probe period."""
+    probe = triton_container(build_deployment(make_service(raw_spec(timeouts={"startupSeconds": 301}))))["startupProbe"]
+    assert probe["failureThreshold"] == math.ceil(301 / probe["periodSeconds"])

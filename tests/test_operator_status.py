@@ -1,0 +1,286 @@
+"""Status a user reads with kubectl: phase, conditions and replicas derived from facts, never assumed."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from inferop_operator.builders import Service, build_deployment
+from inferop_operator.plan import plan_service
+from inferop_operator.spec import parse_spec
+from inferop_operator.status import (
+    condition,
+    deployed_status,
+    invalid_status,
+    merge_conditions,
+    plan_status,
+    refused_status,
+)
+
+OLD = "2020-01-01T00:00:00Z"
+
+
+def make_service(**sections: Any) -> Service:
+    raw: dict[str, Any] = {
+        "model": {
+            "name": "conv_net",
+            "storageUri": "hostpath:///models/conv_net",
+            "profile": {
+                "parameters": 10,
+                "macsPerSample": 100,
+                "weightBytes": 4 * 2**20,
+                "activationBytesPerSample": 2**20,
+            },
+            "inputs": [{"name": "board", "dims": [1, 8, 7]}],
+            "outputs": [{"name": "policy", "dims": [7]}],
+        },
+        "instances": 2,
+        "resources": {"limits": {"cpu": "4", "memory": "1Gi"}},
+    }
+    raw.update(copy.deepcopy(sections))
+    spec = parse_spec(raw)
+    return Service(name="conv-net", namespace="models", uid="uid-1", spec=spec, plan=plan_service(spec), image="triton")
+
+
+def deployment(
+    desired: int = 2, ready: int = 2, generation: int = 3, observed: int = 3, available: str | None = "True"
+) -> dict[str, Any]:
+    """A Deployment as the API server returns it."""
+    status: dict[str, Any] = {"observedGeneration": observed, "replicas": desired, "readyReplicas": ready}
+    if available is not None:
+        status["conditions"] = [
+            {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"},
+            {
+                "type": "Available",
+                "status": available,
+                "reason": "MinimumReplicasAvailable" if available == "True" else "MinimumReplicasUnavailable",
+                "message": "Deployment has minimum availability.",
+            },
+        ]
+    return {"metadata": {"generation": generation}, "spec": {"replicas": desired}, "status": status}
+
+
+def by_type(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+class TestMergeConditions:
+    def test_unchanged_status_keeps_the_transition_time(self) -> None:
+        previous = [{**condition("Ready", False, "ReplicasNotReady", "0/2 replicas ready"), "lastTransitionTime": OLD}]
+        (merged,) = merge_conditions(previous, [condition("Ready", False, "ReplicasNotReady", "1/2 replicas ready")])
+        assert merged["lastTransitionTime"] == OLD
+        assert merged["message"] == "1/2 replicas ready"  # the message itself is current
+
+    def test_changed_status_moves_the_transition_time(self) -> None:
+        previous = [{**condition("Ready", False, "ReplicasNotReady", "1/2"), "lastTransitionTime": OLD}]
+        (merged,) = merge_conditions(previous, [condition("Ready", True, "AllReplicasReady", "2/2")])
+        assert merged["status"] == "True"
+        assert merged["lastTransitionTime"] > OLD
+        assert merged["lastTransitionTime"].endswith("Z")
+
+    @pytest.mark.parametrize("previous", [None, []])
+    def test_new_conditions_get_a_time(self, previous: list[dict[str, Any]] | None) -> None:
+        (merged,) = merge_conditions(previous, [condition("Valid", True, "SpecValid", "ok")])
+        assert merged["lastTransitionTime"] > OLD
+
+    def test_fixed_order(self) -> None:
+        current = [
+            condition("Ready", True, "r", ""),
+            condition("MemoryFit", True, "m", ""),
+            condition("Valid", True, "v", ""),
+            condition("Available", True, "a", ""),
+            condition("ThreadBudget", True, "t", ""),
+        ]
+        merged = merge_conditions(None, current)
+        assert [c["type"] for c in merged] == ["Valid", "ThreadBudget", "MemoryFit", "Available", "Ready"]
+
+    def test_conditions_that_no_longer_apply_are_dropped(self) -> None:
+        previous = [{**condition("MemoryFit", False, "InsufficientMemory", "x"), "lastTransitionTime": OLD}]
+        merged = merge_conditions(previous, [condition("Valid", False, "InvalidSpec", "y")])
+        assert [c["type"] for c in merged] == ["Valid"]
+
+    @pytest.mark.parametrize(("ok", "text"), [(True, "True"), (False, "False"), (None, "Unknown")])
+    def test_condition_status_strings(self, ok: bool | None, text: str) -> None:
+        assert condition("Ready", ok, "r", "m")["status"] == text
+
+
+class TestDeployedStatus:
+    @pytest.mark.parametrize(
+        ("deployed", "phase", "ready", "reason", "message"),
+        [
+            (deployment(), "Ready", "True", "AllReplicasReady", "2/2 replicas ready"),
+            (deployment(ready=1), "Progressing", "False", "ReplicasNotReady", "1/2 replicas ready"),
+            (
+                deployment(ready=0, available="False"),
+                "Progressing",
+                "False",
+                "ReplicasNotReady",
+                "0/2 replicas ready",
+            ),
+            (
+                deployment(desired=0, ready=0),
+                "Progressing",
+                "False",
+                "ScaledToZero",
+                "replicas is 0: nothing serves requests",
+            ),
+            (
+                deployment(generation=4, observed=3),
+                "Progressing",
+                "False",
+                "ReplicasNotReady",
+                "2/2 replicas ready",
+            ),
+            (None, "Progressing", "False", "DeploymentMissing", "the Deployment does not exist yet"),
+        ],
+        ids=[
+            "ready",
+            "not ready",
+            "unavailable",
+            "scaled to zero",
+            "not caught up with generation",
+            "missing",
+        ],
+    )
+    def test_ready_and_phase(
+        self, deployed: dict[str, Any] | None, phase: str, ready: str, reason: str, message: str
+    ) -> None:
+        status = deployed_status(make_service(), deployed, 7, None)
+        assert status["phase"] == phase
+        ready_condition = by_type(status)["Ready"]
+        assert (ready_condition["status"], ready_condition["reason"], ready_condition["message"]) == (
+            ready,
+            reason,
+            message,
+        )
+        assert status["observedGeneration"] == 7
+
+    def test_replica_counts(self) -> None:
+        status = deployed_status(make_service(), deployment(desired=3, ready=1), 1, None)
+        assert (status["replicas"], status["readyReplicas"]) == (3, 1)
+
+    def test_missing_deployment_has_no_replicas(self) -> None:
+        status = deployed_status(make_service(), None, 1, None)
+        assert (status["replicas"], status["readyReplicas"]) == (0, 0)
+        assert by_type(status)["Available"]["status"] == "Unknown"
+        assert by_type(status)["Available"]["reason"] == "NoDeploymentStatus"
+
+    @pytest.mark.parametrize(("available", "expected"), [("True", "True"), ("False", "False")])
+    def test_available_follows_the_deployment(self, available: str, expected: str) -> None:
+        status = deployed_status(make_service(), deployment(available=available), 1, None)
+        condition_ = by_type(status)["Available"]
+        assert condition_["status"] == expected
+        assert condition_["reason"] in ("MinimumReplicasAvailable", "MinimumReplicasUnavailable")
+
+    def test_deployment_without_status_yet(self) -> None:
+        built = build_deployment(make_service())  # as applied, before the controller reports
+        status = deployed_status(make_service(), built, 1, None)
+        assert by_type(status)["Available"]["status"] == "Unknown"
+        assert status["phase"] == "Progressing"
+        assert by_type(status)["Ready"]["reason"] == "ReplicasNotReady"
+
+    def test_checks_that_passed_are_reported(self) -> None:
+        status = deployed_status(make_service(), deployment(), 1, None)
+        conditions = by_type(status)
+        assert list(conditions) == ["Valid", "ThreadBudget", "MemoryFit", "Available", "Ready"]
+        assert conditions["Valid"]["status"] == "True"
+        assert conditions["ThreadBudget"]["status"] == "True"
+        assert (
+            "2 instance(s) x (2 intra-op + 1 inter-op - 1) = 4 threads on 4 CPU(s)"
+            in conditions["ThreadBudget"]["message"]
+        )
+        assert (conditions["MemoryFit"]["status"], conditions["MemoryFit"]["reason"]) == ("True", "Fits")
+        # 4Mi x 2 + 1Mi x batch 8 x 2 = 24Mi
+        assert "= 24Mi against 1Gi of memory" in conditions["MemoryFit"]["message"]
+
+    def test_memory_not_checked_is_unknown(self) -> None:
+        status = deployed_status(make_service(resources={"limits": {"cpu": "4"}}), deployment(), 1, None)
+        memory = by_type(status)["MemoryFit"]
+        assert (memory["status"], memory["reason"]) == ("Unknown", "NotChecked")
+        assert "resources.limits.memory is not set" in memory["message"]
+        assert "availableBytes" not in status["memory"]
+
+    def test_url_threads_and_memory(self) -> None:
+        status = deployed_status(make_service(), deployment(), 1, None)
+        assert status["url"] == "http://conv-net.models.svc:8000"
+        assert status["threads"] == {
+            "cpus": 4.0,
+            "cpuSource": "limit",
+            "instances": 2,
+            "intraOp": 2,
+            "interOp": 1,
+            "summary": "2x(2+1)/4cpu",
+        }
+        assert status["memory"] == {"requiredBytes": 24 * 2**20, "availableBytes": 2**30}
+
+    def test_transition_time_kept_across_reconciles(self) -> None:
+        first = deployed_status(make_service(), deployment(ready=1), 1, None)
+        aged = [{**c, "lastTransitionTime": OLD} for c in first["conditions"]]
+        second = deployed_status(make_service(), deployment(), 1, aged)
+        times = {c["type"]: c["lastTransitionTime"] for c in second["conditions"]}
+        assert times["Valid"] == OLD  # still True
+        assert times["Ready"] > OLD  # False -> True
+
+
+class TestPlanStatus:
+    def test_selector_matches_the_pods(self) -> None:
+        service = make_service()
+        selector = dict(pair.split("=") for pair in plan_status(service)["selector"].split(","))
+        assert selector == build_deployment(service)["spec"]["selector"]["matchLabels"]
+
+    def test_assumed_cpu_is_visible(self) -> None:
+        status = plan_status(make_service(resources={}, instances=1))
+        assert (status["threads"]["cpus"], status["threads"]["cpuSource"]) == (1.0, "assumed")
+        assert status["threads"]["summary"] == "1x(1+1)/1cpu"
+
+    def test_fractional_cpus(self) -> None:
+        status = plan_status(make_service(resources={"limits": {"cpu": "2500m"}}))
+        assert status["threads"]["summary"] == "2x(1+1)/2cpu"
+        assert status["threads"]["cpus"] == 2.5
+
+
+class TestFailedStatus:
+    def test_invalid_spec(self) -> None:
+        message = "spec.batching.maxBatchSize: Input should be greater than or equal to 1"
+        status = invalid_status(message, 4, None)
+        assert (status["phase"], status["observedGeneration"]) == ("Failed", 4)
+        conditions = by_type(status)
+        assert (conditions["Valid"]["status"], conditions["Valid"]["reason"]) == ("False", "InvalidSpec")
+        assert conditions["Valid"]["message"] == message
+        assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("False", "InvalidSpec")
+        assert "ThreadBudget" not in conditions
+
+    def test_thread_budget_refusal(self) -> None:
+        status = refused_status("ThreadBudget", "Oversubscribed", "8 threads on 2 CPU(s)", 2, None)
+        assert status["phase"] == "Failed"
+        conditions = by_type(status)
+        assert list(conditions) == ["Valid", "ThreadBudget", "Ready"]
+        assert conditions["Valid"]["status"] == "True"
+        assert (conditions["ThreadBudget"]["status"], conditions["ThreadBudget"]["reason"]) == (
+            "False",
+            "Oversubscribed",
+        )
+        assert conditions["ThreadBudget"]["message"] == "8 threads on 2 CPU(s)"
+        assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("False", "Oversubscribed")
+        assert "8 threads on 2 CPU(s)" in conditions["Ready"]["message"]
+
+    def test_memory_refusal_reports_the_thread_budget_passed(self) -> None:
+        status = refused_status("MemoryFit", "InsufficientMemory", "needs 3Gi", 2, None)
+        conditions = by_type(status)
+        assert list(conditions) == ["Valid", "ThreadBudget", "MemoryFit", "Ready"]
+        assert conditions["ThreadBudget"]["status"] == "True"
+        assert (conditions["MemoryFit"]["status"], conditions["MemoryFit"]["reason"]) == (
+            "False",
+            "InsufficientMemory",
+        )
+        assert conditions["Ready"]["reason"] == "InsufficientMemory"
+
+    def test_fixing_the_spec_moves_valid(self) -> None:
+        invalid = invalid_status("bad", 1, None)
+        aged = [{**c, "lastTransitionTime": OLD} for c in invalid["conditions"]]
+        refused = refused_status("ThreadBudget", "Oversubscribed", "x", 2, aged)
+        times = {c["type"]: c["lastTransitionTime"] for c in refused["conditions"]}
+        assert times["Valid"] > OLD  # False -> True
+        assert times["Ready"] == OLD  # still False
