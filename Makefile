@@ -27,9 +27,10 @@ $(STAMP): pyproject.toml
 
 tools: $(TOOLS_STAMP)
 
-$(TOOLS_STAMP): scripts/kube-binaries.sh scripts/helm-kubectl.sh
+$(TOOLS_STAMP): scripts/kube-binaries.sh scripts/helm-kubectl.sh scripts/tools-venv.sh
 	bash scripts/kube-binaries.sh >/dev/null
 	bash scripts/helm-kubectl.sh >/dev/null
+	bash scripts/tools-venv.sh >/dev/null
 	touch $@
 
 demo: $(STAMP)

@@ -59,12 +59,6 @@ def wait_until(probe: Callable[[], T | None], timeout: float, what: str, interva
 
 
 @pytest.fixture(scope="session")
-def poll() -> Callable[..., Any]:
-    """`wait_until` for tests: poll(probe, timeout, what)."""
-    return wait_until
-
-
-@pytest.fixture(scope="session")
 def inception_network() -> Any:
     """catalog.inception_v3(): seeded random weights with recalibrated BatchNorm, built once."""
     pytest.importorskip("torchvision", reason=EXPORT_EXTRA)

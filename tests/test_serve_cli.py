@@ -10,11 +10,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import SERVE_EXTRA, ExportedRepo
+from tests.conftest import SERVE_EXTRA, ExportedRepo, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -68,9 +67,7 @@ def listening_socket() -> Iterator[socket.socket]:
 
 
 class TestServe:
-    def test_ready_then_sigterm_exits_0_and_leaves_no_process(
-        self, model_repo: ExportedRepo, tmp_path: Path, poll: Any
-    ) -> None:
+    def test_ready_then_sigterm_exits_0_and_leaves_no_process(self, model_repo: ExportedRepo, tmp_path: Path) -> None:
         from inferop.serving.tritonserver import free_port, http_status, port_is_free
 
         port = free_port()
@@ -83,7 +80,7 @@ class TestServe:
                     pytest.fail(f"inferop serve exited with {cli.returncode}:\n{output.read_text()}")
                 return re.search(r"^log: (.+)$", output.read_text(), re.MULTILINE)
 
-            log = Path(poll(announced, timeout=120, what="inferop serve to report ready").group(1))
+            log = Path(wait_until(announced, timeout=120, what="inferop serve to report ready").group(1))
             assert http_status(f"http://127.0.0.1:{port}/v2/health/ready") == 200
             assert "models: conv_net, inception_v3" in output.read_text()
 

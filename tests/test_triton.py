@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import SERVING, ExportedRepo, RunningServer
+from tests.conftest import SERVING, ExportedRepo, RunningServer, wait_until
 
 pytestmark = pytest.mark.integration
 
 INFEROP = Path(sys.executable).with_name("inferop")
 INPUTS = {"conv_net": "board", "inception_v3": "images"}
+OUTPUTS = {"conv_net": ("policy", "value"), "inception_v3": ("logits",)}
 
 
 def sample(model_repo: ExportedRepo, model: str, batch: int, seed: int) -> np.ndarray:
@@ -41,7 +42,8 @@ def infer(client: Any, model: str, data: np.ndarray, **kwargs: Any) -> Any:
 
     request = httpclient.InferInput(INPUTS[model], list(data.shape), "FP32")
     request.set_data_from_numpy(data, binary_data=True)
-    return client.infer(model, [request], **kwargs)
+    outputs = [httpclient.InferRequestedOutput(name, binary_data=True) for name in OUTPUTS[model]]
+    return client.infer(model, [request], outputs=outputs, **kwargs)
 
 
 def new_client(triton: RunningServer) -> Any:
@@ -183,7 +185,7 @@ class TestQueueTimeout:
         assert response.as_numpy("logits").shape == (1, 1000)
 
     def test_request_queued_behind_a_busy_instance_is_rejected_not_left_hanging(
-        self, triton: RunningServer, client: Any, model_repo: ExportedRepo, poll: Any
+        self, triton: RunningServer, client: Any, model_repo: ExportedRepo
     ) -> None:
         from tritonclient.utils import InferenceServerException
 
@@ -206,7 +208,7 @@ class TestQueueTimeout:
         for thread in threads:
             thread.start()
         # Once the first batch is done the second runs and the third waits: a batch or more is ahead of us.
-        poll(
+        wait_until(
             lambda: model_stats(client, "inception_v3")["execution_count"] > before["execution_count"],
             timeout=60,
             what="the first batch of 8 to finish",
@@ -253,7 +255,7 @@ class TestStatistics:
         assert delta("execution_count") == len(batches)  # one at a time: nothing to merge
 
     def test_metrics_endpoint_counts_successful_requests(
-        self, triton: RunningServer, client: Any, model_repo: ExportedRepo, poll: Any
+        self, triton: RunningServer, client: Any, model_repo: ExportedRepo
     ) -> None:
         pattern = re.compile(r'^nv_inference_request_success\{model="conv_net",version="1"\} (\d+)', re.MULTILINE)
 
@@ -267,7 +269,7 @@ class TestStatistics:
         before = successes()
         for seed in range(2):
             infer(client, "conv_net", sample(model_repo, "conv_net", 1, seed))
-        poll(lambda: successes() - before == 2, timeout=10, what="the metrics to count 2 more requests")
+        wait_until(lambda: successes() - before == 2, timeout=10, what="the metrics to count 2 more requests")
 
 
 class TestInferCommand:

@@ -121,6 +121,8 @@ class TritonServer:
             "--allow-gpu-metrics=false",
             "--pinned-memory-pool-byte-size=0",
             "--cuda-memory-pool-byte-size=0:0",
+            # Shutdown waits this long for in-flight requests and open connections, then ends them.
+            "--exit-timeout-secs=5",
             *self.extra_args,
         ]
 
@@ -180,7 +182,8 @@ class TritonServer:
         if self.process is not None:
             _signal_group(self.process.pid, signal.SIGKILL)  # any stub that outlived its server
         if self._workdir is not None:
-            shutil.rmtree(self._workdir / "repo", ignore_errors=True)
+            # The log goes with it unless it was asked for elsewhere; errors above already quoted its tail.
+            shutil.rmtree(self._workdir, ignore_errors=True)
 
     def load_failures(self) -> list[str]:
         """Triton's reason for each model that failed to load: far above the log's tail, which a startup

@@ -26,6 +26,9 @@ def run(args: argparse.Namespace) -> int:
         kopf.LogFormat.JSON if (args.log_format or handlers.SETTINGS.log_format) == "json" else kopf.LogFormat.PLAIN
     )
     kopf.configure(verbose=args.verbose, log_format=log_format)
+    settings = kopf.OperatorSettings()
+    # Exact namespaces need no watching of Namespaces and CRDs across the cluster, nor RBAC for it.
+    settings.scanning.disabled = bool(args.namespace)
     asyncio.run(
         kopf.operator(
             # One replica with a Recreate strategy: no peering needed to avoid two operators at once.
@@ -33,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
             clusterwide=not args.namespace,
             namespaces=args.namespace,
             liveness_endpoint=args.liveness,
+            settings=settings,
         )
     )
     return 0

@@ -91,7 +91,10 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 def kubectl(control_plane: ControlPlane) -> Kubectl:
     tool = Kubectl(control_plane.kubeconfig, kube_tools_dir())
     tool.run("apply", "-f", str(CRD_DIR))
-    tool.run("wait", "--for=condition=Established", "--timeout=30s", "crd/inferenceservices.inferop.dev")
+    wait_for(
+        lambda: '"Established"' in tool.run("get", "crd/inferenceservices.inferop.dev", "-o", "json").stdout,
+        what="the CRD to be established",
+    )
     return tool
 
 

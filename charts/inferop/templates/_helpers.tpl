@@ -77,8 +77,9 @@ with the chart's ServiceAccount (tests/kube/test_rbac.py); nothing else is grant
 Secrets, no Pods, no deletes but the HorizontalPodAutoscaler's.
 */}}
 {{- define "inferop.frameworkRules" -}}
-# kopf lists and watches InferenceServices, and patches them to keep its handler progress and the last
-# handled spec in inferop.dev/* annotations.
+# kopf lists and watches InferenceServices (the handlers and the in-memory index that the Deployment
+# handler reads its owner from, so no GET is needed), and patches them to keep its handler progress and
+# the last handled spec in inferop.dev/* annotations.
 - apiGroups: ["inferop.dev"]
   resources: ["inferenceservices"]
   verbs: ["list", "watch", "patch"]
@@ -94,10 +95,6 @@ Secrets, no Pods, no deletes but the HorizontalPodAutoscaler's.
 {{- end }}
 
 {{- define "inferop.applicationRules" -}}
-# The owner InferenceService is read when one of its Deployments changes.
-- apiGroups: ["inferop.dev"]
-  resources: ["inferenceservices"]
-  verbs: ["get"]
 # Phase, conditions and thread plan go to the status subresource (merge patch).
 - apiGroups: ["inferop.dev"]
   resources: ["inferenceservices/status"]
@@ -127,9 +124,4 @@ and the namespace as given.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
-{{- if .Values.watchNamespace }}
-- apiGroups: [""]
-  resources: ["namespaces"]
-  verbs: ["list", "watch"]
-{{- end }}
 {{- end }}

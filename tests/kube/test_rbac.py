@@ -1,0 +1,382 @@
+"""The chart's RBAC really suffices and really limits.
+
+The chart is installed, a token of its ServiceAccount is requested (TokenRequest API), and `inferop
+operator` runs out of cluster with nothing but that token, exactly as the chart starts it. It must
+reconcile the examples without a single forbidden request; `kubectl auth can-i --as` shows what the
+account cannot do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from inferop.cluster.controlplane import ControlPlane, free_ports
+from tests.kube.conftest import EXAMPLES, Kubectl, OperatorRunner, kube_tools_dir, wait_for
+from tests.kube.test_chart import CHART, Helm
+
+pytestmark = pytest.mark.integration
+
+EXPECTED_THREADS = {
+    "cpus": 2,
+    "cpuSource": "limit",
+    "instances": 2,
+    "intraOp": 1,
+    "interOp": 1,
+    "summary": "2x(1+1)/2cpu",
+}
+# Rules every authenticated account has (system:basic-user, system:discovery): not the chart's doing.
+BASELINE = {"selfsubjectaccessreviews.authorization.k8s.io", "selfsubjectrulesreviews.authorization.k8s.io"}
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return Helm(kube_tools_dir(), tmp_path_factory.mktemp("helm-home"))
+
+
+@pytest.fixture(scope="module")
+def sole_operator(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The session's operator runs with admin credentials and would reconcile our examples too: it is
+    stopped while this module runs, so the chart's identity is the only one acting."""
+    runner: OperatorRunner = request.getfixturevalue("operator")
+    runner.stop()
+    yield
+    runner.start()
+
+
+@dataclass
+class Installed:
+    release: str
+    namespace: str  # the release's: the operator's Deployment and ServiceAccount live here
+    watched: str  # where the examples go
+    other: str  # a namespace the operator has no business in
+    kubeconfig: Path  # the ServiceAccount's token and nothing else
+    log: Path
+    account: str = ""  # the chart's ServiceAccount unless set
+
+    def __post_init__(self) -> None:
+        self.account = self.account or f"{self.release}-inferop"
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.account}"
+
+
+def token_kubeconfig(admin_kubeconfig: Path, token: str, path: Path) -> Path:
+    """Same server and CA as the admin's kubeconfig, the ServiceAccount's bearer token as the user."""
+    admin = yaml.safe_load(admin_kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "inferop", "cluster": cluster}],
+        "users": [{"name": "operator", "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "inferop", "user": "operator"}}],
+        "current-context": "operator",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def health(port: int) -> int:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return int(response.status)
+    except OSError:
+        return 0
+
+
+@contextlib.contextmanager
+def operator_process(installed: Installed, *scope: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`inferop operator` as the chart runs it (liveness endpoint included), with the token kubeconfig."""
+    port = free_ports(1)[0]
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(installed.kubeconfig),
+        "INFEROP_LOG_FORMAT": "plain",
+        "PYTHONUNBUFFERED": "1",
+    }
+    argv = [sys.executable, "-m", "inferop.cli", "operator", f"--liveness=http://127.0.0.1:{port}/healthz", *scope]
+    with installed.log.open("wb") as log:
+        process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: process.poll() is not None or health(port) == 200, timeout=30, what="liveness endpoint")
+        assert process.poll() is None, installed.log.read_text()[-3000:]
+        yield process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def install(helm: Helm, kubectl: Kubectl, control_plane: ControlPlane, tmp: Path, *values: str) -> Installed:
+    suffix = uuid.uuid4().hex[:6]
+    installed = Installed(
+        release=f"rbac-{suffix}",
+        namespace=f"rbac-{suffix}",
+        watched=f"rbac-{suffix}-models",
+        other=f"rbac-{suffix}-other",
+        kubeconfig=tmp / "operator.kubeconfig",
+        log=tmp / "operator.log",
+    )
+    for name in (installed.namespace, installed.watched, installed.other):
+        kubectl.run("create", "namespace", name)
+    values = tuple(v.replace("WATCHED", installed.watched) for v in values)
+    helm.run(
+        "install",
+        installed.release,
+        str(CHART),
+        "-n",
+        installed.namespace,
+        *values,
+        kubeconfig=control_plane.kubeconfig,
+    )
+    login(kubectl, control_plane, installed)
+    return installed
+
+
+def login(kubectl: Kubectl, control_plane: ControlPlane, installed: Installed) -> None:
+    """A short-lived token of the account (`kubectl create token` posts a TokenRequest to
+    serviceaccounts/token, which Kubernetes 1.20 serves) written into the account's kubeconfig."""
+    token = kubectl.run("create", "token", installed.account, "-n", installed.namespace, "--duration=1h").stdout
+    token_kubeconfig(control_plane.kubeconfig, token.strip(), installed.kubeconfig)
+
+
+def uninstall(helm: Helm, kubectl: Kubectl, control_plane: ControlPlane, installed: Installed) -> None:
+    helm.run(
+        "uninstall", installed.release, "-n", installed.namespace, kubeconfig=control_plane.kubeconfig, check=False
+    )
+    for name in (installed.namespace, installed.watched, installed.other):
+        kubectl.run("delete", "namespace", name, "--wait=false", check=False)
+
+
+def forbidden_lines(installed: Installed) -> list[str]:
+    """Requests the API server's authorizer refused to the account (RBAC's words: `User "..." cannot`)."""
+    text = installed.log.read_text(errors="replace")
+    return [
+        line
+        for line in text.splitlines()
+        if f'User \\"{installed.user}\\" cannot' in line or f'User "{installed.user}" cannot' in line
+    ]
+
+
+def as_operator(kubectl: Kubectl, installed: Installed, *args: str) -> subprocess.CompletedProcess[str]:
+    """kubectl with the operator's own token: proof the kubeconfig holds that identity and no other."""
+    return kubectl.run("--kubeconfig", str(installed.kubeconfig), *args, check=False)
+
+
+def can_i(kubectl: Kubectl, installed: Installed, verb: str, resource: str, namespace: str | None) -> bool:
+    scope = ["-n", namespace] if namespace else ["--all-namespaces"]
+    result = kubectl.run("auth", "can-i", verb, resource, *scope, f"--as={installed.user}", check=False)
+    assert result.stdout.strip() in ("yes", "no"), result.stderr
+    return result.stdout.strip() == "yes"
+
+
+def granted(kubectl: Kubectl, installed: Installed, namespace: str) -> dict[str, set[str]]:
+    """resource -> verbs the account holds in `namespace` (`kubectl auth can-i --list`), baseline removed."""
+    out = kubectl.run("auth", "can-i", "--list", "-n", namespace, f"--as={installed.user}").stdout
+    rules: dict[str, set[str]] = {}
+    for line in out.splitlines()[1:]:
+        if line.startswith(" "):
+            continue  # non-resource URLs (discovery, health) every account may read
+        resource, verbs = line.split()[0], line[line.rindex("[") + 1 : line.rindex("]")].split()
+        if resource not in BASELINE:
+            rules.setdefault(resource, set()).update(verbs)
+    return rules
+
+
+def condition(service: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    return next((c for c in ((service or {}).get("status") or {}).get("conditions", []) if c["type"] == kind), None)
+
+
+def events(kubectl: Kubectl, namespace: str, name: str) -> dict[str, str]:
+    """reason -> type of the Events about InferenceService `name`."""
+    items = json.loads(kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout)["items"]
+    return {e["reason"]: e["type"] for e in items if e["involvedObject"]["name"] == name}
+
+
+@pytest.fixture(scope="module")
+def namespaced(
+    helm: Helm, kubectl: Kubectl, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Installed]:
+    installed = install(
+        helm, kubectl, control_plane, tmp_path_factory.mktemp("rbac-ns"), "--set", "watchNamespace=WATCHED"
+    )
+    yield installed
+    uninstall(helm, kubectl, control_plane, installed)
+
+
+@pytest.fixture(scope="module")
+def cluster_wide(
+    helm: Helm, kubectl: Kubectl, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Installed]:
+    installed = install(helm, kubectl, control_plane, tmp_path_factory.mktemp("rbac-cw"))
+    yield installed
+    uninstall(helm, kubectl, control_plane, installed)
+
+
+@pytest.mark.usefixtures("sole_operator")
+class TestNamespaced:
+    @pytest.fixture()
+    def installed(self, namespaced: Installed) -> Installed:
+        return namespaced
+
+    def test_the_token_is_the_accounts_and_holds_nothing_more(self, kubectl: Kubectl, installed: Installed) -> None:
+        assert as_operator(kubectl, installed, "get", "infsvc", "-n", installed.watched).returncode == 0
+        refused = as_operator(kubectl, installed, "get", "secrets", "-n", installed.watched)
+        assert refused.returncode != 0
+        assert f'User "{installed.user}" cannot list resource "secrets"' in refused.stderr
+
+    def test_examples_reconcile_with_the_charts_identity(self, kubectl: Kubectl, installed: Installed) -> None:
+        ns = installed.watched
+        with operator_process(installed, f"--namespace={ns}"):
+            assert kubectl.apply(installed.other, EXAMPLES / "conv-net.yaml").returncode == 0
+            applied = kubectl.apply(ns, EXAMPLES / "conv-net.yaml", EXAMPLES / "refused" / "oversubscribed.yaml")
+            assert applied.returncode == 0, applied.stderr
+
+            deployment = wait_for(lambda: kubectl.get("deployment", "conv-net", ns), timeout=30, what="Deployment")
+            assert deployment["metadata"]["ownerReferences"][0]["name"] == "conv-net"
+            assert kubectl.get("configmap", "conv-net-config", ns) is not None
+            assert kubectl.get("service", "conv-net", ns) is not None
+            status = wait_for(
+                lambda: (kubectl.get("infsvc", "conv-net", ns) or {}).get("status", {}).get("threads"), what="status"
+            )
+            assert status == EXPECTED_THREADS
+            assert wait_for(lambda: events(kubectl, ns, "conv-net").get("Reconciled"), what="event") == "Normal"
+
+            budget = wait_for(
+                lambda: condition(kubectl.get("infsvc", "oversubscribed", ns), "ThreadBudget"), what="refusal"
+            )
+            assert (budget["status"], budget["reason"]) == ("False", "Oversubscribed")
+            assert (
+                wait_for(lambda: events(kubectl, ns, "oversubscribed").get("Oversubscribed"), what="event") == "Warning"
+            )
+            assert kubectl.get("deployment", "oversubscribed", ns) is None
+
+            # The namespace it does not watch is left alone: no children, no status.
+            assert kubectl.get("deployment", "conv-net", installed.other) is None
+            assert "status" not in (kubectl.get("infsvc", "conv-net", installed.other) or {})
+        assert forbidden_lines(installed) == []
+
+    def test_the_same_operator_without_the_charts_roles_is_refused(
+        self, kubectl: Kubectl, control_plane: ControlPlane, installed: Installed, tmp_path: Path
+    ) -> None:
+        """The control: an account of the same namespace without the chart's bindings gets nowhere, and the
+        log check above would have seen it."""
+        kubectl.run("create", "serviceaccount", "bare", "-n", installed.namespace)
+        bare = dataclasses.replace(
+            installed, account="bare", kubeconfig=tmp_path / "bare.kubeconfig", log=tmp_path / "bare.log"
+        )
+        login(kubectl, control_plane, bare)
+        with operator_process(bare, f"--namespace={bare.watched}"):
+            refused = wait_for(lambda: forbidden_lines(bare), what="forbidden requests in the log")
+        assert any("inferenceservices" in line or "namespaces" in line for line in refused), refused
+
+    @pytest.mark.parametrize(
+        ("verb", "resource", "where", "allowed"),
+        [
+            ("patch", "deployments.apps", "watched", True),
+            ("create", "deployments.apps", "watched", True),
+            ("patch", "inferenceservices.inferop.dev/status", "watched", True),
+            ("delete", "horizontalpodautoscalers.autoscaling", "watched", True),
+            ("create", "events", "watched", True),
+            ("get", "secrets", "watched", False),
+            ("list", "secrets", "watched", False),
+            ("get", "pods", "watched", False),
+            ("create", "pods", "watched", False),
+            ("delete", "deployments.apps", "watched", False),
+            ("update", "deployments.apps", "watched", False),
+            ("delete", "configmaps", "watched", False),
+            ("delete", "inferenceservices.inferop.dev", "watched", False),
+            ("get", "inferenceservices.inferop.dev", "watched", False),  # owners come from kopf's index
+            ("patch", "deployments.apps", "other", False),
+            ("list", "inferenceservices.inferop.dev", "other", False),
+            ("create", "events", "other", False),
+            ("list", "inferenceservices.inferop.dev", None, False),
+            ("patch", "deployments.apps", None, False),
+            ("create", "customresourcedefinitions.apiextensions.k8s.io", None, False),
+            ("delete", "namespaces", None, False),
+        ],
+    )
+    def test_can_i(
+        self, kubectl: Kubectl, installed: Installed, verb: str, resource: str, where: str | None, allowed: bool
+    ) -> None:
+        namespace = getattr(installed, where) if where else None
+        assert can_i(kubectl, installed, verb, resource, namespace) is allowed
+
+    def test_nothing_outside_the_namespace(self, kubectl: Kubectl, installed: Installed) -> None:
+        # With an exact --namespace the operator scans nothing cluster-wide, so it is granted nothing there.
+        assert granted(kubectl, installed, installed.other) == {}
+        assert granted(kubectl, installed, installed.watched) == {
+            "inferenceservices.inferop.dev": {"list", "watch", "patch"},
+            "inferenceservices.inferop.dev/status": {"patch"},
+            "deployments.apps": {"list", "watch", "create", "patch"},
+            "configmaps": {"create", "patch"},
+            "services": {"create", "patch"},
+            "horizontalpodautoscalers.autoscaling": {"create", "patch", "delete"},
+            "events": {"create"},
+        }
+
+
+@pytest.mark.usefixtures("sole_operator")
+class TestClusterWide:
+    @pytest.fixture()
+    def installed(self, cluster_wide: Installed) -> Installed:
+        return cluster_wide
+
+    def test_any_namespace_reconciles_and_autoscaling_comes_and_goes(
+        self, kubectl: Kubectl, installed: Installed
+    ) -> None:
+        ns = installed.other
+        with operator_process(installed, "--all-namespaces"):
+            applied = kubectl.apply(ns, EXAMPLES / "conv-net.yaml", EXAMPLES / "inception-v3.yaml")
+            assert applied.returncode == 0, applied.stderr
+            status = wait_for(
+                lambda: (kubectl.get("infsvc", "conv-net", ns) or {}).get("status", {}).get("threads"), what="status"
+            )
+            assert status == EXPECTED_THREADS
+            hpa = "horizontalpodautoscalers.v2beta2.autoscaling"  # what Kubernetes 1.20 serves
+            assert wait_for(lambda: kubectl.get(hpa, "inception-v3", ns), what="HPA")["spec"]["maxReplicas"] == 4
+
+            patch = json.dumps({"spec": {"autoscaling": None}})
+            kubectl.run("patch", "infsvc", "inception-v3", "-n", ns, "--type=merge", "-p", patch)
+            wait_for(lambda: kubectl.get(hpa, "inception-v3", ns) is None, what="HPA deleted")
+            assert wait_for(lambda: events(kubectl, ns, "inception-v3").get("AutoscalingRemoved"), what="event")
+        assert forbidden_lines(installed) == []
+
+    @pytest.mark.parametrize(
+        ("verb", "resource", "allowed"),
+        [
+            ("patch", "deployments.apps", True),
+            ("list", "inferenceservices.inferop.dev", True),
+            ("list", "customresourcedefinitions.apiextensions.k8s.io", True),
+            ("list", "secrets", False),
+            ("get", "pods", False),
+            ("delete", "deployments.apps", False),
+            ("delete", "services", False),
+            ("list", "namespaces", False),  # kopf lists namespaces only for --namespace patterns
+            ("get", "customresourcedefinitions.apiextensions.k8s.io", False),
+            ("create", "clusterroles.rbac.authorization.k8s.io", False),
+        ],
+    )
+    def test_can_i(self, kubectl: Kubectl, installed: Installed, verb: str, resource: str, allowed: bool) -> None:
+        assert can_i(kubectl, installed, verb, resource, None) is allowed
