@@ -57,7 +57,9 @@ def lay_out(service: builders.Service, root: Path) -> Path:
     return models
 
 
-def test_rendered_deployment_starts_and_serves(model_repo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rendered_deployment_starts_and_serves(
+    model_repo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import onnxruntime as ort
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException

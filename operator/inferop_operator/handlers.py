@@ -44,6 +44,13 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.queueing.error_delays = [1, 2, 5, 10, 30]
 
 
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In a pod, the service account; elsewhere the KUBECONFIG of this moment (the client library would
+    use the one seen when it was first imported)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
 def reconcile(
     name: str, namespace: str, uid: str, raw_spec: Any, generation: int | None, status: Any, body: Any
 ) -> dict[str, Any]:

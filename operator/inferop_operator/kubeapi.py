@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from typing import Any
 
 from kubernetes import client, config
@@ -30,7 +31,8 @@ def load_client() -> client.ApiClient:
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        # KUBECONFIG is read now: the client library's default was fixed when it was first imported.
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
     return client.ApiClient()
 
 
