@@ -46,7 +46,7 @@ SERVE_EXTRA = "install the serving extra: .venv/bin/pip install -e '.[serve]' (o
 EXPORT_EXTRA = "install the export extra: .venv/bin/pip install -e '.[export]' (or make install)"
 
 
-def wait_until(probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
+def wait_for(probe: Callable[[], T | None], timeout: float = 20.0, what: str = "condition", interval: float = 0.1) -> T:
     """Poll `probe` until it returns something truthy; fail naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -54,7 +54,7 @@ def wait_until(probe: Callable[[], T | None], timeout: float, what: str, interva
         if result:
             return result
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what} (last: {result!r})")
         time.sleep(interval)
 
 

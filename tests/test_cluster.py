@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes import client, config
@@ -26,8 +25,8 @@ from inferop.cluster.controlplane import (
     openssl_extensions,
     process_running,
 )
+from tests.conftest import wait_for
 
-T = TypeVar("T")
 BIN = Path("/opt/kube/bin")
 LAYOUT = Layout(Path("/state"))
 PORTS = Ports(etcd_client=2379, etcd_peer=2380, apiserver=6443, controller_manager=10257)
@@ -121,18 +120,6 @@ class TestHelpers:
 
 
 # ------------------------------------------------------------------------------------------ integration
-
-
-def wait_for(probe: Callable[[], T | None], timeout: float, what: str) -> T:
-    """Poll `probe` until it returns something truthy; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

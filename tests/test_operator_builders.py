@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -436,12 +435,6 @@ class TestLayoutScript:
         raw = raw_spec()
         raw["model"]["name"] = "inception_v3"
         assert f"dst={MODEL_REPOSITORY}/inception_v3" in layout_script(make_service(raw))
-
-    @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through read-only permissions")
-    def test_source_is_read_only_while_laid_out(self, root: Path) -> None:
-        self.model_source(root)
-        assert not os.access(root / "source", os.W_OK)
-        assert self.run(make_service(raw_spec()), root).returncode == 0
 
 
 class TestConfigMap:

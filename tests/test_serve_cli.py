@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SERVE_EXTRA, ExportedRepo, wait_until
+from tests.conftest import SERVE_EXTRA, ExportedRepo, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +80,7 @@ class TestServe:
                     pytest.fail(f"inferop serve exited with {cli.returncode}:\n{output.read_text()}")
                 return re.search(r"^log: (.+)$", output.read_text(), re.MULTILINE)
 
-            log = Path(wait_until(announced, timeout=120, what="inferop serve to report ready").group(1))
+            log = Path(wait_for(announced, timeout=120, what="inferop serve to report ready").group(1))
             assert http_status(f"http://127.0.0.1:{port}/v2/health/ready") == 200
             assert "models: conv_net, inception_v3" in output.read_text()
 

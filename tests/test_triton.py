@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import SERVING, ExportedRepo, RunningServer, wait_until
+from tests.conftest import SERVING, ExportedRepo, RunningServer, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -208,7 +208,7 @@ class TestQueueTimeout:
         for thread in threads:
             thread.start()
         # Once the first batch is done the second runs and the third waits: a batch or more is ahead of us.
-        wait_until(
+        wait_for(
             lambda: model_stats(client, "inception_v3")["execution_count"] > before["execution_count"],
             timeout=60,
             what="the first batch of 8 to finish",
@@ -269,7 +269,7 @@ class TestStatistics:
         before = successes()
         for seed in range(2):
             infer(client, "conv_net", sample(model_repo, "conv_net", 1, seed))
-        wait_until(lambda: successes() - before == 2, timeout=10, what="the metrics to count 2 more requests")
+        wait_for(lambda: successes() - before == 2, timeout=10, what="the metrics to count 2 more requests")
 
 
 class TestInferCommand:

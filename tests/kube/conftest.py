@@ -6,34 +6,21 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from inferop.cluster.controlplane import ControlPlane
 from inferop.paths import repo_root
+from tests.conftest import wait_for
 
 REPO = repo_root()
 CRD_DIR = REPO / "charts" / "inferop" / "crds"
 EXAMPLES = REPO / "operator" / "examples"
 RESYNC_SECONDS = 2
-T = TypeVar("T")
-
-
-def wait_for(check: Callable[[], T | None], timeout: float = 20.0, what: str = "condition", interval: float = 0.2) -> T:
-    """Poll `check` until it returns something truthy; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 def kube_tools_dir() -> Path:
