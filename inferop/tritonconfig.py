@@ -102,6 +102,8 @@ def build_model_config(cfg: ServingConfig) -> mc.ModelConfig:
     # The ONNX Runtime backend's own parameter names; our local python-backend model reads the same ones.
     config.parameters["intra_op_thread_count"].string_value = str(cfg.intra_op_threads)
     config.parameters["inter_op_thread_count"].string_value = str(cfg.inter_op_threads)
+    # The backend runs operators one at a time, ignoring the inter-op pool, unless execution_mode is 1.
+    config.parameters["execution_mode"].string_value = "1" if cfg.inter_op_threads > 1 else "0"
 
     for batch in cfg.warmup_batch_sizes:
         warmup = config.model_warmup.add(name=f"warmup_batch_{batch}", batch_size=batch)

@@ -106,6 +106,7 @@ class TestModelsAndConfig:
         assert config["parameters"] == {
             "intra_op_thread_count": {"string_value": str(served.intra_op_threads)},
             "inter_op_thread_count": {"string_value": str(served.inter_op_threads)},
+            "execution_mode": {"string_value": "1" if served.inter_op_threads > 1 else "0"},
         }
         assert sorted(int(w["batch_size"]) for w in config["model_warmup"]) == [1, served.max_batch_size]
 

@@ -87,6 +87,8 @@ class TestRenderModelConfig:
         parameters = rendered(cfg).parameters
         assert parameters["intra_op_thread_count"].string_value == str(cfg.intra_op_threads)
         assert parameters["inter_op_thread_count"].string_value == str(cfg.inter_op_threads)
+        # The ONNX Runtime backend uses the inter-op pool only in parallel execution mode.
+        assert parameters["execution_mode"].string_value == ("1" if cfg.inter_op_threads > 1 else "0")
 
     def test_warmup_at_batch_one_and_max_with_the_real_input_dims(self, cfg: ServingConfig) -> None:
         warmups = rendered(cfg).model_warmup

@@ -18,8 +18,12 @@ def session_options(parameters):
     options = ort.SessionOptions()
     options.intra_op_num_threads = int(parameters.get("intra_op_thread_count", "1"))
     options.inter_op_num_threads = int(parameters.get("inter_op_thread_count", "1"))
-    if options.inter_op_num_threads > 1:
+    if parameters.get("execution_mode", "0") == "1":
         options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    # Idle pool threads sleep instead of spinning: here they share the cores with Triton's own threads
+    # and the stub's, and spinning ones starve the request hand-over between them.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return options
 
 

@@ -1,0 +1,47 @@
+"""Our python-backend model's reading of config.pbtxt, with Triton's own utils module from the wheel."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from inferop.serving.localrepo import PYTHON_MODEL
+
+
+@pytest.fixture(scope="module")
+def model_module() -> ModuleType:
+    pytriton = pytest.importorskip("pytriton", reason="install the serving extra (make install)")
+    utils = Path(pytriton.__file__).parent / "tritonserver" / "backends" / "python"
+    sys.path.insert(0, str(utils))
+    try:
+        spec = importlib.util.spec_from_file_location("inferop_python_model", PYTHON_MODEL)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(utils))
+    return module
+
+
+@pytest.mark.parametrize(
+    ("parameters", "intra", "inter", "parallel"),
+    [
+        ({"intra_op_thread_count": "3", "inter_op_thread_count": "1", "execution_mode": "0"}, 3, 1, False),
+        ({"intra_op_thread_count": "2", "inter_op_thread_count": "2", "execution_mode": "1"}, 2, 2, True),
+        ({}, 1, 1, False),
+    ],
+)
+def test_session_options_follow_the_config(
+    model_module: ModuleType, parameters: dict[str, str], intra: int, inter: int, parallel: bool
+) -> None:
+    import onnxruntime as ort
+
+    options = model_module.session_options(parameters)
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (intra, inter)
+    expected = ort.ExecutionMode.ORT_PARALLEL if parallel else ort.ExecutionMode.ORT_SEQUENTIAL
+    assert options.execution_mode == expected
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
