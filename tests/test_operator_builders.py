@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import re
 import subprocess
@@ -31,6 +30,7 @@ from inferop_operator.builders import (
 )
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
+from tests import specs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "operator" / "examples"
 IMAGE = "nvcr.io/nvidia/tritonserver:24.08-py3"
@@ -39,23 +39,8 @@ THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def raw_spec(**sections: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "model": {
-            "name": "conv_net",
-            "storageUri": "hostpath:///models/conv_net",
-            "profile": {
-                "parameters": 10,
-                "macsPerSample": 100,
-                "weightBytes": 40,
-                "activationBytesPerSample": 8,
-            },
-            "inputs": [{"name": "board", "dims": [1, 8, 7]}],
-            "outputs": [{"name": "policy", "dims": [7]}, {"name": "value", "dims": [1]}],
-        },
-        "resources": {"requests": {"cpu": "2", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}},
-    }
-    spec.update(copy.deepcopy(sections))
-    return spec
+    resources = {"requests": {"cpu": "2", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}}
+    return specs.raw_spec(**{"resources": resources, **sections})
 
 
 def with_storage(uri: str) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -10,28 +9,9 @@ import pytest
 import yaml
 
 from inferop_operator.spec import InferenceServiceSpec, SpecError, parse_spec
+from tests.specs import raw_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "operator" / "examples"
-
-
-def raw_spec(**sections: Any) -> dict[str, Any]:
-    """A minimal valid spec (only what has no default), with top-level `sections` replaced."""
-    spec: dict[str, Any] = {
-        "model": {
-            "name": "conv_net",
-            "storageUri": "hostpath:///models/conv_net",
-            "profile": {
-                "parameters": 10,
-                "macsPerSample": 100,
-                "weightBytes": 40,
-                "activationBytesPerSample": 8,
-            },
-            "inputs": [{"name": "board", "dims": [1, 8, 7]}],
-            "outputs": [{"name": "policy", "dims": [7]}],
-        }
-    }
-    spec.update(copy.deepcopy(sections))
-    return spec
 
 
 def with_model(**fields: Any) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -18,28 +17,17 @@ from inferop_operator.status import (
     plan_status,
     refused_status,
 )
+from tests.specs import MODEL, raw_spec
 
 OLD = "2020-01-01T00:00:00Z"
 
 
 def make_service(**sections: Any) -> Service:
-    raw: dict[str, Any] = {
-        "model": {
-            "name": "conv_net",
-            "storageUri": "hostpath:///models/conv_net",
-            "profile": {
-                "parameters": 10,
-                "macsPerSample": 100,
-                "weightBytes": 4 * 2**20,
-                "activationBytesPerSample": 2**20,
-            },
-            "inputs": [{"name": "board", "dims": [1, 8, 7]}],
-            "outputs": [{"name": "policy", "dims": [7]}],
-        },
-        "instances": 2,
-        "resources": {"limits": {"cpu": "4", "memory": "1Gi"}},
-    }
-    raw.update(copy.deepcopy(sections))
+    profile = {"parameters": 10, "macsPerSample": 100, "weightBytes": 4 * 2**20, "activationBytesPerSample": 2**20}
+    raw = raw_spec(
+        model={**MODEL, "profile": profile}, instances=2, resources={"limits": {"cpu": "4", "memory": "1Gi"}}
+    )
+    raw.update(sections)
     spec = parse_spec(raw)
     return Service(name="conv-net", namespace="models", uid="uid-1", spec=spec, plan=plan_service(spec), image="triton")
 
