@@ -62,7 +62,8 @@ def refused_status(
     ]
     if condition_type == "MemoryFit":  # memory is checked after the thread budget, which therefore passed
         checks.append(condition("ThreadBudget", True, "WithinBudget", "the thread budget fits"))
-    checks.append(condition("Ready", False, reason, f"refused before any pod was created: {message}"))
+    # Nothing is created for a refused spec; what an earlier accepted spec deployed is left as it was.
+    checks.append(condition("Ready", False, reason, f"spec refused, nothing deployed for it: {message}"))
     return {
         "phase": "Failed",
         "observedGeneration": generation,
