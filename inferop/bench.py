@@ -115,6 +115,7 @@ def run_level(
         thread.join(seconds + timeout + 5)
     elapsed = time.monotonic() - began
     after = call(admin.get_inference_statistics, info.name, what="statistics")
+    admin.close()  # an open connection holds up the server's shutdown
     flat = [x for per in latencies for x in per]
     failures = [e for per in errors for e in per]
     delta = statistics_delta(before, after)
@@ -140,6 +141,7 @@ def sweep(
 ) -> list[LevelResult]:
     client = connect(url, timeout)
     info = describe(client, model)
+    client.close()
     data = sample_input(info, batch)
     return [run_level(url, info, data, level, seconds, timeout) for level in levels]
 
@@ -154,7 +156,8 @@ def format_table(model: str, batch: int, results: list[LevelResult]) -> str:
         f"{r.queue_ms:>9.1f} {r.compute_ms:>10.1f} {r.mean_batch:>6.2f}"
         for r in results
     ]
-    return "\n".join([header, *rows])
+    failures = [f"  concurrency {r.concurrency}: first error: {r.first_error}" for r in results if r.first_error]
+    return "\n".join([header, *rows, *failures])
 
 
 def plot(model: str, results: list[LevelResult], path: Path) -> None:

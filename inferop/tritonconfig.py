@@ -15,8 +15,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 ONNX_PLATFORM = "onnxruntime_onnx"
 MODEL_FILENAME = "model.onnx"
 
-# Triton's tensor datatype names (as the V2 protocol spells them) and their byte sizes.
-DATATYPE_BYTES = {"FP32": 4, "FP16": 2, "BF16": 2, "FP64": 8, "INT64": 8, "INT32": 4, "INT8": 1, "UINT8": 1, "BOOL": 1}
+# Triton's tensor datatypes (as the V2 protocol spells them) that ONNX models served here use.
+Datatype = Literal["FP32", "FP16", "BF16", "FP64", "INT64", "INT32", "INT8", "UINT8", "BOOL"]
 
 
 class TensorSpec(BaseModel):
@@ -25,7 +25,7 @@ class TensorSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$")
-    datatype: Literal["FP32", "FP16", "BF16", "FP64", "INT64", "INT32", "INT8", "UINT8", "BOOL"] = "FP32"
+    datatype: Datatype = "FP32"
     dims: tuple[int, ...] = Field(min_length=1)
     label_filename: str | None = Field(
         default=None, description="class names, one a line, for Triton's classification extension (outputs only)"
@@ -36,13 +36,6 @@ class TensorSpec(BaseModel):
         if any(d < 1 for d in self.dims):
             raise ValueError(f"tensor {self.name!r}: every dim must be >= 1 (got {list(self.dims)})")
         return self
-
-    @property
-    def bytes_per_sample(self) -> int:
-        size = DATATYPE_BYTES[self.datatype]
-        for d in self.dims:
-            size *= d
-        return size
 
 
 class ServingConfig(BaseModel):
@@ -130,4 +123,4 @@ def to_text(config: mc.ModelConfig) -> str:
 
 
 def _triton_type(datatype: str) -> int:
-    return int(mc.DataType.Value(f"TYPE_{'STRING' if datatype == 'BYTES' else datatype}"))
+    return int(mc.DataType.Value(f"TYPE_{datatype}"))

@@ -106,6 +106,7 @@ def serving_bench(seconds: float) -> dict[str, Any]:
 def operator_bench(services: int, samples: int) -> dict[str, Any]:
     """Against a fresh local control plane with the operator as its own process (for its RSS)."""
     from inferop.cluster.controlplane import ControlPlane
+    from inferop.serving.tritonserver import free_port, http_status
 
     tools = Path(
         subprocess.run(
@@ -114,55 +115,41 @@ def operator_bench(services: int, samples: int) -> dict[str, Any]:
     )
     with tempfile.TemporaryDirectory() as state, ControlPlane(Path(state) / "cluster") as plane:
         env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
-        kubectl = [str(tools / "kubectl")]
-        subprocess.run(
-            [*kubectl, "apply", "-f", str(ROOT / "charts" / "inferop" / "crds")],
-            env=env,
-            check=True,
-            capture_output=True,
-        )
-        subprocess.run(
-            [*kubectl, "wait", "--for=condition=Established", "crd/inferenceservices.inferop.dev"],
-            env=env,
-            check=True,
-            capture_output=True,
-        )
+
+        def kubectl(*args: str, stdin: str | None = None) -> None:
+            subprocess.run(
+                [str(tools / "kubectl"), *args], input=stdin, text=True, env=env, check=True, capture_output=True
+            )
+
+        kubectl("apply", "-f", str(ROOT / "charts" / "inferop" / "crds"))
+        kubectl("wait", "--for=condition=Established", "crd/inferenceservices.inferop.dev")
+        kubectl("create", "namespace", "latency")
+        kubectl("create", "namespace", "fleet")
+        liveness = f"http://127.0.0.1:{free_port()}/healthz"
         log = open(Path(state) / "operator.log", "wb")  # noqa: SIM115 - closed with the process below
         operator = subprocess.Popen(
-            [sys.executable, "-m", "inferop.cli", "operator"], env=env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "inferop.cli", "operator", f"--liveness={liveness}"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         try:
             from kubernetes import client, config
 
             api = client.AppsV1Api(config.new_client_from_config(str(plane.kubeconfig)))
             example = (ROOT / "operator" / "examples" / "conv-net.yaml").read_text()
-            subprocess.run([*kubectl, "create", "namespace", "latency"], env=env, check=True, capture_output=True)
-            subprocess.run([*kubectl, "create", "namespace", "fleet"], env=env, check=True, capture_output=True)
-            time.sleep(2)  # the operator's watches start
+            _poll(lambda: http_status(liveness) == 200, 60, "the operator's liveness endpoint")
             latencies = []
             for index in range(samples):
                 name = f"latency-{index}"
-                text = example.replace("name: conv-net", f"name: {name}")
                 start = time.perf_counter()
-                subprocess.run(
-                    [*kubectl, "apply", "-n", "latency", "-f", "-"],
-                    input=text.encode(),
-                    env=env,
-                    check=True,
-                    capture_output=True,
-                )
+                kubectl("apply", "-n", "latency", "-f", "-", stdin=example.replace("name: conv-net", f"name: {name}"))
                 _poll(lambda name=name: _deployment_exists(api, "latency", name), 30, f"Deployment {name}")
                 latencies.append(time.perf_counter() - start)
 
             many = "\n---\n".join(example.replace("name: conv-net", f"name: fleet-{i}") for i in range(services))
             start = time.perf_counter()
-            subprocess.run(
-                [*kubectl, "apply", "-n", "fleet", "-f", "-"],
-                input=many.encode(),
-                env=env,
-                check=True,
-                capture_output=True,
-            )
+            kubectl("apply", "-n", "fleet", "-f", "-", stdin=many)
             custom = client.CustomObjectsApi(api.api_client)
 
             def converged() -> bool:

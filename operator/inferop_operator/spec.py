@@ -13,7 +13,7 @@ from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic.alias_generators import to_camel
 
 from inferop.quantity import QUANTITY_PATTERN, parse_quantity
-from inferop.tritonconfig import TensorSpec
+from inferop.tritonconfig import Datatype, TensorSpec
 
 GROUP = "inferop.dev"
 VERSION = "v1alpha1"
@@ -58,9 +58,7 @@ class Tensor(Section):
     """A model input or output as Triton's config declares it; dims exclude the batch axis."""
 
     name: str = Field(min_length=1, description="Tensor name in the model.")
-    datatype: Literal["FP32", "FP16", "BF16", "FP64", "INT64", "INT32", "INT8", "UINT8", "BOOL"] = Field(
-        default="FP32", description="Element type."
-    )
+    datatype: Datatype = Field(default="FP32", description="Element type.")
     dims: list[Annotated[int, Field(ge=1)]] = Field(min_length=1, description="Shape without the batch axis.")
     label_filename: str | None = Field(
         default=None, description="File in the model directory with one class name a line (outputs only)."

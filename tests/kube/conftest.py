@@ -21,6 +21,15 @@ REPO = repo_root()
 CRD_DIR = REPO / "charts" / "inferop" / "crds"
 EXAMPLES = REPO / "operator" / "examples"
 RESYNC_SECONDS = 2
+# What status.threads says for operator/examples/conv-net.yaml: 2 CPUs shared by 2 instances.
+CONV_NET_THREADS = {
+    "cpus": 2,
+    "cpuSource": "limit",
+    "instances": 2,
+    "intraOp": 1,
+    "interOp": 1,
+    "summary": "2x(1+1)/2cpu",
+}
 
 
 def kube_tools_dir() -> Path:

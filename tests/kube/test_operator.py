@@ -11,7 +11,7 @@ import yaml
 
 from inferop.tritonconfig import parse_model_config
 from inferop_operator.builders import CONFIG_HASH_ANNOTATION
-from tests.kube.conftest import EXAMPLES, RESYNC_SECONDS, Kubectl, OperatorRunner, wait_for
+from tests.kube.conftest import CONV_NET_THREADS, EXAMPLES, RESYNC_SECONDS, Kubectl, OperatorRunner, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("operator")]
 
@@ -88,14 +88,7 @@ class TestApplyExamples:
         status = wait_for(
             lambda: (kubectl.get("infsvc", "conv-net", namespace) or {}).get("status", {}).get("threads"), what="status"
         )
-        assert status == {
-            "cpus": 2,
-            "cpuSource": "limit",
-            "instances": 2,
-            "intraOp": 1,
-            "interOp": 1,
-            "summary": "2x(1+1)/2cpu",
-        }
+        assert status == CONV_NET_THREADS
 
     @pytest.mark.parametrize(
         ("example", "message"),

@@ -26,19 +26,11 @@ import pytest
 import yaml
 
 from inferop.cluster.controlplane import ControlPlane, free_ports
-from tests.kube.conftest import EXAMPLES, Kubectl, OperatorRunner, kube_tools_dir, wait_for
+from tests.kube.conftest import CONV_NET_THREADS, EXAMPLES, Kubectl, OperatorRunner, kube_tools_dir, wait_for
 from tests.kube.test_chart import CHART, Helm
 
 pytestmark = pytest.mark.integration
 
-EXPECTED_THREADS = {
-    "cpus": 2,
-    "cpuSource": "limit",
-    "instances": 2,
-    "intraOp": 1,
-    "interOp": 1,
-    "summary": "2x(1+1)/2cpu",
-}
 # Rules every authenticated account has (system:basic-user, system:discovery): not the chart's doing.
 BASELINE = {"selfsubjectaccessreviews.authorization.k8s.io", "selfsubjectrulesreviews.authorization.k8s.io"}
 
@@ -260,7 +252,7 @@ class TestNamespaced:
             status = wait_for(
                 lambda: (kubectl.get("infsvc", "conv-net", ns) or {}).get("status", {}).get("threads"), what="status"
             )
-            assert status == EXPECTED_THREADS
+            assert status == CONV_NET_THREADS
             assert wait_for(lambda: events(kubectl, ns, "conv-net").get("Reconciled"), what="event") == "Normal"
 
             budget = wait_for(
@@ -353,7 +345,7 @@ class TestClusterWide:
             status = wait_for(
                 lambda: (kubectl.get("infsvc", "conv-net", ns) or {}).get("status", {}).get("threads"), what="status"
             )
-            assert status == EXPECTED_THREADS
+            assert status == CONV_NET_THREADS
             hpa = "horizontalpodautoscalers.v2beta2.autoscaling"  # what Kubernetes 1.20 serves
             assert wait_for(lambda: kubectl.get(hpa, "inception-v3", ns), what="HPA")["spec"]["maxReplicas"] == 4
 
