@@ -8,13 +8,14 @@ export INFEROP_CACHE := $(CACHE)
 # Where the chart and the tests find helm and kubectl, and the control plane's binaries.
 TOOLS_STAMP := $(CACHE)/.tools-ready
 
-.PHONY: help install demo test unit check lint format bench tools e2e-kind crd clean
+.PHONY: help install demo test unit check lint format bench field tools e2e-kind crd clean
 
 help:
 	@echo "make demo      export both models, serve them with tritonserver, call and benchmark them"
 	@echo "make test      unit and integration tests (real tritonserver, control plane, helm)"
 	@echo "make check     ruff, mypy, and drift of generated files (CRD schema, chart CRD)"
 	@echo "make bench     speed and memory figures, as ratios measured in one run"
+	@echo "make field     the four field failures under a pod's limits, naive against inferop (out/field/report.md)"
 	@echo "make e2e-kind  end to end on a kind cluster (needs Docker and kind)"
 
 install: $(STAMP)
@@ -27,10 +28,11 @@ $(STAMP): pyproject.toml
 
 tools: $(TOOLS_STAMP)
 
-$(TOOLS_STAMP): scripts/kube-binaries.sh scripts/helm-kubectl.sh scripts/tools-venv.sh
+$(TOOLS_STAMP): scripts/kube-binaries.sh scripts/helm-kubectl.sh scripts/tools-venv.sh scripts/prometheus.sh
 	bash scripts/kube-binaries.sh >/dev/null
 	bash scripts/helm-kubectl.sh >/dev/null
 	bash scripts/tools-venv.sh >/dev/null
+	bash scripts/prometheus.sh >/dev/null
 	touch $@
 
 demo: $(STAMP)
@@ -59,6 +61,9 @@ format: $(STAMP)
 
 bench: $(STAMP) $(TOOLS_STAMP)
 	$(BIN)/python scripts/bench.py
+
+field: $(STAMP) $(TOOLS_STAMP)
+	$(BIN)/python scripts/field.py $(FIELD_ARGS)
 
 e2e-kind: $(STAMP) $(TOOLS_STAMP)
 	bash scripts/e2e-kind.sh

@@ -1,14 +1,18 @@
-"""`inferop bench`: latency and throughput of a Triton model against concurrency.
+"""`inferop bench`: latency and throughput of a Triton model against concurrency, or under offered load.
 
 Each level runs `concurrency` closed-loop callers for a fixed time with binary tensors and reports what a
 caller sees (throughput, latency percentiles, errors) beside what Triton saw (queue and compute time per
 request, and the batch size the dynamic batcher formed), from the differences of Triton's statistics.
+Closed-loop callers wait for answers and so never overload the server; `--rate` offers load open-loop
+instead (`inferop.openloop`): requests at a fixed or Poisson rate, whatever the server does with them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 import threading
 import time
@@ -19,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from inferop.client import InferError, ModelInfo, call, connect, describe
+from inferop.openloop import MAX_RATE
 
 
 @dataclass(frozen=True)
@@ -188,24 +193,107 @@ def plot(model: str, results: list[LevelResult], path: Path) -> None:
     plt.close(figure)
 
 
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def _rate(text: str) -> float:
+    rate = _number(text)
+    if rate <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of requests per second")
+    if rate > MAX_RATE:
+        raise argparse.ArgumentTypeError(
+            f"{text} requests/s is more than one generator can offer ({MAX_RATE:g}/s from one event loop); "
+            "above that it would measure the generator, not the server: run several generators"
+        )
+    return rate
+
+
+def _seconds(text: str) -> float:
+    seconds = _number(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return seconds
+
+
+def _timeout(text: str) -> float:
+    timeout = _number(text)
+    if timeout < 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected seconds, or 0 for no client timeout")
+    return timeout
+
+
+def _cpuset(text: str) -> set[int]:
+    """A cpuset list like the kernel's: `0`, `0-1`, `0,2-3`."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            first, _, last = part.partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected CPU numbers like 0 or 0-1,3") from None
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not cpus <= allowed:
+        raise argparse.ArgumentTypeError(f"{text!r}: this process may run on CPUs {sorted(allowed)} only")
+    return cpus
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP endpoint host:port")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated caller counts (default 1,2,4,8)")
-    parser.add_argument("--seconds", type=float, default=5.0, help="time per level (default 5)")
+    parser.add_argument(
+        "--concurrency", help="comma-separated closed-loop caller counts (default 1,2,4,8; not with --rate)"
+    )
+    parser.add_argument(
+        "--seconds", type=_seconds, default=5.0, help="time per level, or the offered duration with --rate (default 5)"
+    )
     parser.add_argument("--batch", type=int, default=1, help="samples per request (default 1)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="client timeout per request, seconds")
+    parser.add_argument(
+        "--timeout", type=_timeout, default=60.0, help="client timeout per request, seconds (0: none, with --rate)"
+    )
     parser.add_argument("--json", action="store_true", help="print results as JSON")
-    parser.add_argument("--plot", type=Path, help="write a PNG of latency and throughput against concurrency")
+    parser.add_argument("--plot", type=Path, help="write a PNG: against concurrency, or over time with --rate")
+    open_loop = parser.add_argument_group("open loop (offered load)")
+    open_loop.add_argument("--rate", type=_rate, help="offer this many requests/s whatever the server answers")
+    open_loop.add_argument(
+        "--arrivals", choices=["poisson", "fixed"], default="poisson", help="arrival process (default poisson)"
+    )
+    open_loop.add_argument(
+        "--client-cpuset", type=_cpuset, help="run the load generator on these CPUs (e.g. 0), apart from the server's"
+    )
+    open_loop.add_argument(
+        "--memory-cgroup",
+        type=Path,
+        help="the server's cgroup directory (v1 memory or v2): its memory usage is sampled as server memory",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.rate is not None:
+        return run_offered_load(args)
+    for flag, value in (("--client-cpuset", args.client_cpuset), ("--memory-cgroup", args.memory_cgroup)):
+        if value is not None:
+            print(f"error: {flag} needs --rate (open-loop load)", file=sys.stderr)
+            return 2
+    if args.timeout == 0:
+        print(
+            "error: --timeout 0 (no client timeout) needs --rate: closed-loop callers would wait for ever",
+            file=sys.stderr,
+        )
+        return 2
+    concurrency = args.concurrency or "1,2,4,8"
     try:
-        levels = [int(x) for x in args.concurrency.split(",")]
+        levels = [int(x) for x in concurrency.split(",")]
         if not levels or min(levels) < 1:
             raise ValueError
     except ValueError:
-        print(f"error: --concurrency {args.concurrency!r}: expected positive integers like 1,2,4,8", file=sys.stderr)
+        print(f"error: --concurrency {concurrency!r}: expected positive integers like 1,2,4,8", file=sys.stderr)
         return 2
     try:
         results = sweep(args.url, args.model, levels, args.seconds, args.batch, args.timeout)
@@ -220,4 +308,56 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(args.model, args.batch, results))
         if args.plot:
             print(f"plot: {args.plot}")
+    return 0
+
+
+def run_offered_load(args: argparse.Namespace) -> int:
+    from inferop import openloop
+
+    if args.concurrency is not None:
+        print(
+            f"error: --concurrency {args.concurrency} cannot be combined with --rate: "
+            "--rate offers load open-loop, --concurrency runs callers that wait for answers",
+            file=sys.stderr,
+        )
+        return 2
+    probe = None
+    if args.memory_cgroup is not None:
+        try:
+            probe = openloop.cgroup_memory_probe(args.memory_cgroup)
+        except (OSError, ValueError) as error:
+            print(f"error: --memory-cgroup {args.memory_cgroup}: {error}", file=sys.stderr)
+            return 2
+    try:
+        client = connect(args.url, 30.0)
+        try:
+            info = describe(client, args.model)
+        finally:
+            client.close()
+    except InferError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    result = openloop.run_open_loop(
+        args.url,
+        info.name,
+        sample_input(info, args.batch),
+        args.rate,
+        args.seconds,
+        timeout=args.timeout or None,
+        process=args.arrivals,
+        memory_probe=probe,
+        input_name=info.input_name,
+        outputs=info.outputs,
+        client_cpus=args.client_cpuset,
+    )
+    if args.plot:
+        openloop.plot(result, args.plot)
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        print(openloop.format_table(result))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    for warning in result.warnings():
+        print(f"warning: {warning}", file=sys.stderr)
     return 0

@@ -46,5 +46,6 @@ def format_bytes(size: float) -> str:
     """Bytes in the largest binary unit that keeps a number >= 1, e.g. 1.5Gi."""
     for unit, factor in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
         if abs(size) >= factor:
-            return f"{size / factor:.3g}{unit}"
+            value = size / factor
+            return f"{value:.3g}{unit}" if abs(value) < 1000 else f"{value:.0f}{unit}"  # never an exponent
     return f"{size:.0f}B"

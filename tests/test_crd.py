@@ -119,7 +119,14 @@ class TestSchema:
             assert node.get("additionalProperties") is not False, path
 
     def test_optional_fields_are_not_nullable(self, spec_schema: dict[str, Any]) -> None:
-        for path in ("spec.runtime.image", "spec.threads.intraOp", "spec.autoscaling", "spec.gpu"):
+        for path in (
+            "spec.runtime.image",
+            "spec.threads.intraOp",
+            "spec.batching.maxQueueSize",  # unset: derived from the capacity by the operator
+            "spec.model.profile.samplesPerCpuSecond",
+            "spec.autoscaling",
+            "spec.gpu",
+        ):
             node = dict(properties(spec_schema))[path]
             assert "anyOf" not in node, path
             assert "default" not in node, path
@@ -130,7 +137,6 @@ class TestSchema:
         [
             ("spec.batching.maxBatchSize", 8),
             ("spec.batching.maxQueueDelayMicroseconds", 2000),
-            ("spec.batching.maxQueueSize", 64),
             ("spec.timeouts.requestSeconds", 10.0),
             ("spec.timeouts.startupSeconds", 300),
             ("spec.threads.allowOversubscription", False),

@@ -443,11 +443,14 @@ class TestConfigMap:
         assert group.kind == (mc.ModelInstanceGroup.KIND_GPU if spec.uses_gpu else mc.ModelInstanceGroup.KIND_CPU)
         policy = config.dynamic_batching.default_queue_policy
         assert policy.default_timeout_microseconds == round(spec.timeouts.request_seconds * 1e6)
-        assert policy.max_queue_size == spec.batching.max_queue_size
+        assert policy.max_queue_size == service.plan.queue.size  # the spec's, else derived by the plan
+        if spec.batching.max_queue_size is not None:
+            assert policy.max_queue_size == spec.batching.max_queue_size
         assert policy.timeout_action == mc.ModelQueuePolicy.REJECT
         assert config.dynamic_batching.max_queue_delay_microseconds == spec.batching.max_queue_delay_microseconds
         assert config.parameters["intra_op_thread_count"].string_value == str(service.plan.threads.intra_op)
         assert config.parameters["inter_op_thread_count"].string_value == str(service.plan.threads.inter_op)
+        assert config.parameters["enable_mem_pattern"].string_value == "0"  # as the memory estimate was measured
         assert [i.name for i in config.input] == [t.name for t in spec.model.inputs]
         assert [o.name for o in config.output] == [t.name for t in spec.model.outputs]
 

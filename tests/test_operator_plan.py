@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 import yaml
 
+from inferop.memory import CONTAINER_RUNTIME, GPU_RUNTIME, RuntimeCosts
+from inferop.quantity import format_bytes, parse_quantity
+from inferop.tritonconfig import parse_model_config, render_model_config
 from inferop_operator.plan import Plan, Refusal, plan_service
+from inferop_operator.settings import OperatorSettings
 from inferop_operator.spec import parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "operator" / "examples"
 MI = 2**20
+BOARD_IO_BYTES = (1 * 8 * 7 + 7 + 1) * 4  # board in, policy and value out: FP32
+IMAGE_IO_BYTES = (3 * 299 * 299 + 1000) * 4  # images in, logits out: FP32
+INCEPTION_PROFILE = {"weight_bytes": 95269496, "activation_bytes": 11063808}
 
 
-def raw_spec(weight_bytes: int = 40, activation_bytes: int = 8, **sections: Any) -> dict[str, Any]:
-    """A valid spec with the given model cost and top-level `sections` replaced."""
+def raw_spec(
+    weight_bytes: int = 40, activation_bytes: int = 8, capacity: float | None = None, **sections: Any
+) -> dict[str, Any]:
+    """A valid spec with the given model cost and measured capacity and top-level `sections` replaced."""
     spec: dict[str, Any] = {
         "model": {
             "name": "conv_net",
@@ -32,8 +42,37 @@ def raw_spec(weight_bytes: int = 40, activation_bytes: int = 8, **sections: Any)
             "outputs": [{"name": "policy", "dims": [7]}, {"name": "value", "dims": [1]}],
         }
     }
+    if capacity is not None:
+        spec["model"]["profile"]["samplesPerCpuSecond"] = capacity
     spec.update(copy.deepcopy(sections))
     return spec
+
+
+def image_spec(**sections: Any) -> dict[str, Any]:
+    """Inception V3's profile and tensors: megabytes in flight per queued request."""
+    raw = raw_spec(**INCEPTION_PROFILE, **sections)
+    raw["model"]["inputs"] = [{"name": "images", "dims": [3, 299, 299]}]
+    raw["model"]["outputs"] = [{"name": "logits", "dims": [1000]}]
+    return raw
+
+
+def peak_by_hand(
+    weight_bytes: int,
+    activation_bytes: int,
+    io_bytes: int,
+    instances: int,
+    batch: int,
+    queue: int,
+    costs: RuntimeCosts = CONTAINER_RUNTIME,
+) -> int:
+    """runtime + instances x (instance + weights) + activations x batch x instances + in-flight requests."""
+    return (
+        costs.baseline_bytes
+        + instances * costs.instance_bytes
+        + round(instances * weight_bytes * costs.weight_factor)
+        + round(instances * batch * activation_bytes * costs.activation_factor)
+        + round((queue + instances * batch) * (io_bytes * costs.buffer_factor + costs.request_bytes))
+    )
 
 
 def plan(raw: dict[str, Any]) -> Plan:
@@ -75,7 +114,7 @@ class TestThreads:
         assert any("assumes 1 CPU" in w and "resources.limits.cpu" in w for w in result.warnings)
 
     def test_a_cpu_limit_needs_no_thread_warning(self) -> None:
-        result = plan(raw_spec(resources={"limits": {"cpu": "2", "memory": "1Gi"}}))
+        result = plan(raw_spec(capacity=1000.0, resources={"limits": {"cpu": "2", "memory": "1Gi"}}))
         assert result.warnings == []
 
     def test_explicit_counts_are_kept(self) -> None:
@@ -143,55 +182,177 @@ class TestThreads:
         assert "= 8 threads on 4 CPU(s)" in warning
 
 
+def suggested_fixes(message: str) -> list[tuple[str, str]]:
+    """The fixes of a MemoryFit refusal as (field, value): what a user would change."""
+    patterns = {
+        "maxBatchSize": r"batching\.maxBatchSize <= (\d+)",
+        "instances": r"instances <= (\d+)",
+        "memory": r"at least (\S+) of memory",
+        "gpu.memory": r"at least (\S+) of GPU memory",
+    }
+    fixes = []
+    for text in message.split(". Fix: ", 1)[1].split(" or "):
+        matched = [(field, m.group(1)) for field, pattern in patterns.items() if (m := re.fullmatch(pattern, text))]
+        assert len(matched) == 1, f"not a fix a user can apply: {text!r}"
+        fixes += matched
+    return fixes
+
+
+def with_fix(raw: dict[str, Any], field: str, value: str | int) -> dict[str, Any]:
+    raw = copy.deepcopy(raw)
+    if field == "maxBatchSize":
+        raw.setdefault("batching", {})["maxBatchSize"] = int(value)
+    elif field == "instances":
+        raw["instances"] = int(value)
+    elif field == "memory":
+        raw["resources"]["limits"]["memory"] = value
+    else:
+        raw["gpu"]["memory"] = value
+    return raw
+
+
+def still_refused(raw: dict[str, Any]) -> str | None:
+    """None if the operator accepts `raw`, else its refusal (or why the spec is invalid)."""
+    try:
+        plan(raw)
+    except (Refusal, ValueError) as error:
+        return str(error)
+    return None
+
+
 class TestMemoryFit:
-    # 100Mi weights x 2 instances + 10Mi activations x batch 32 x 2 instances = 200Mi + 640Mi = 840Mi.
+    # 100Mi weights and 10Mi of activations per sample, 2 instances at batch 32: more than 1Gi at its peak.
     TOO_BIG: ClassVar[dict[str, Any]] = {
         "weight_bytes": 100 * MI,
         "activation_bytes": 10 * MI,
         "instances": 2,
         "batching": {"maxBatchSize": 32},
     }
+    # No capacity and no maxQueueSize: the queue bound is 2 rounds of batches.
+    TOO_BIG_PEAK = peak_by_hand(100 * MI, 10 * MI, BOARD_IO_BYTES, instances=2, batch=32, queue=2 * 2 * 32)
 
     def test_required_bytes_by_hand(self) -> None:
-        result = plan(raw_spec(**self.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "1Gi"}}))
-        assert result.memory.required_bytes == 840 * MI
-        assert result.memory.available_bytes == 1024 * MI
+        result = plan(raw_spec(**self.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "4Gi"}}))
+        assert result.memory.required_bytes == self.TOO_BIG_PEAK
+        assert result.memory.available_bytes == 4 * 1024 * MI
         assert result.memory.fits
 
-    def test_refused_with_sizes_and_what_would_fit(self) -> None:
-        refused = refusal(raw_spec(**self.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "512Mi"}}))
+    def test_the_limit_is_compared_with_the_peak(self) -> None:
+        exact = f"{self.TOO_BIG_PEAK}"  # a quantity in bytes
+        assert plan(raw_spec(**self.TOO_BIG, resources={"limits": {"cpu": "2", "memory": exact}})).memory.fits
+        one_less = f"{self.TOO_BIG_PEAK - 1}"
+        refused = refusal(raw_spec(**self.TOO_BIG, resources={"limits": {"cpu": "2", "memory": one_less}}))
+        assert refused.condition == "MemoryFit"
+
+    def test_refused_with_the_arithmetic(self) -> None:
+        refused = refusal(raw_spec(**self.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "1Gi"}}))
         assert (refused.condition, refused.reason) == ("MemoryFit", "InsufficientMemory")
+        per_request = BOARD_IO_BYTES * CONTAINER_RUNTIME.buffer_factor + CONTAINER_RUNTIME.request_bytes
+        terms = [
+            f"{format_bytes(CONTAINER_RUNTIME.baseline_bytes)} runtime",
+            f"{format_bytes(2 * CONTAINER_RUNTIME.instance_bytes)} instances",
+            f"{format_bytes(2 * 100 * MI * CONTAINER_RUNTIME.weight_factor)} weights",
+            f"{format_bytes(2 * 32 * 10 * MI * CONTAINER_RUNTIME.activation_factor)} activations",
+            f"{format_bytes((128 + 64) * per_request)} in-flight requests",
+        ]
         assert (
-            "100Mi weights x 2 instance(s) + 10Mi activations x batch 32 x 2 instance(s) = 840Mi "
-            "against 512Mi of memory (resources.limits.memory)"
+            f"peak estimate {' + '.join(terms)} = {format_bytes(self.TOO_BIG_PEAK)} "
+            "against 1Gi of memory (resources.limits.memory). Fix: "
         ) in refused.message
-        # batch: floor((512Mi - 2 x 100Mi) / (10Mi x 2)) = floor(312 / 20) = 15
-        assert "batching.maxBatchSize <= 15" in refused.message
-        # instances: floor(512Mi / (100Mi + 10Mi x 32)) = floor(512 / 420) = 1
-        assert "instances <= 1" in refused.message
-        assert "at least 840Mi of memory" in refused.message
 
-    @pytest.mark.parametrize(
-        ("change", "fits"),
-        [
-            ({"batching": {"maxBatchSize": 15}}, True),  # 200Mi + 10Mi x 15 x 2 = 500Mi
-            ({"batching": {"maxBatchSize": 16}}, False),  # 200Mi + 10Mi x 16 x 2 = 520Mi
-            ({"instances": 1}, True),  # 100Mi + 10Mi x 32 = 420Mi
-            ({"resources": {"limits": {"cpu": "2", "memory": "840Mi"}}}, True),
-        ],
-    )
-    def test_the_suggested_fixes_are_exact(self, change: dict[str, Any], fits: bool) -> None:
-        raw = raw_spec(**{**self.TOO_BIG, "resources": {"limits": {"cpu": "2", "memory": "512Mi"}}, **change})
-        if fits:
-            assert plan(raw).memory.fits
-        else:
-            assert refusal(raw).condition == "MemoryFit"
+    # Refused specs and the fixes each must be offered; every fix must pass on its own.
+    REFUSED: ClassVar[list[Any]] = [
+        pytest.param(
+            raw_spec(**TOO_BIG, resources={"limits": {"cpu": "2", "memory": "1Gi"}}),
+            ["maxBatchSize", "memory"],  # 1 instance at batch 32 is still too big
+            id="batch or memory",
+        ),
+        pytest.param(
+            raw_spec(**TOO_BIG, resources={"limits": {"cpu": "2", "memory": "1536Mi"}}),
+            ["maxBatchSize", "instances", "memory"],
+            id="batch, instances or memory",
+        ),
+        pytest.param(
+            raw_spec(**TOO_BIG, resources={"limits": {"cpu": "2", "memory": "512Mi"}}),
+            ["memory"],  # the runtime alone takes the limit
+            id="only memory",
+        ),
+        pytest.param(
+            raw_spec(weight_bytes=600 * MI, resources={"limits": {"memory": "512Mi"}}),
+            ["memory"],
+            id="weights alone too big",
+        ),
+        pytest.param(
+            raw_spec(weight_bytes=266 * MI, resources={"limits": {"cpu": "1", "memory": "512Mi"}}),
+            ["memory"],  # a peak of 1007Mi: more than 1000Mi, less than 1Gi
+            id="a peak just under 1Gi",
+        ),
+        pytest.param(
+            raw_spec(
+                **TOO_BIG, resources={"limits": {"cpu": "2", "memory": "1Gi"}}, runtime={"memoryOverhead": "64Mi"}
+            ),
+            ["maxBatchSize", "instances", "memory"],
+            id="measured runtime overhead",
+        ),
+        pytest.param(
+            raw_spec(
+                **TOO_BIG,
+                resources={"limits": {"cpu": "2", "memory": "16Gi", "nvidia.com/gpu": 1}},
+                gpu={"memory": "1536Mi"},
+            ),
+            ["maxBatchSize", "instances", "gpu.memory"],
+            id="gpu",
+        ),
+        pytest.param(
+            image_spec(
+                capacity=8.0,
+                instances=4,
+                batching={"maxBatchSize": 16},
+                resources={"limits": {"cpu": "4", "memory": "2Gi"}},
+            ),
+            ["maxBatchSize", "instances", "memory"],
+            id="images, queue from the capacity",
+        ),
+        pytest.param(
+            image_spec(instances=3, batching={"maxBatchSize": 32}, resources={"limits": {"cpu": "3", "memory": "3Gi"}}),
+            ["maxBatchSize", "instances", "memory"],
+            id="images, queue of unknown capacity",
+        ),
+        pytest.param(
+            image_spec(
+                instances=2,
+                batching={"maxBatchSize": 32, "maxQueueSize": 256},
+                resources={"limits": {"cpu": "2", "memory": "2Gi"}},
+            ),
+            ["maxBatchSize", "instances", "memory"],
+            id="images, queue from the spec",
+        ),
+    ]
 
-    def test_weights_alone_too_big_suggests_only_more_memory(self) -> None:
-        refused = refusal(raw_spec(weight_bytes=600 * MI, resources={"limits": {"memory": "512Mi"}}))
-        assert "maxBatchSize" not in refused.message
-        assert "instances <=" not in refused.message
-        assert "Fix: at least 600Mi of memory" in refused.message  # 600Mi + 8 bytes x batch 8
+    @pytest.mark.parametrize(("raw", "fields"), REFUSED)
+    def test_every_suggested_fix_passes_on_its_own(self, raw: dict[str, Any], fields: list[str]) -> None:
+        refused = refusal(raw)
+        assert (refused.condition, refused.reason) == ("MemoryFit", "InsufficientMemory")
+        fixes = suggested_fixes(refused.message)
+        assert [field for field, _ in fixes] == fields
+        failures = {f"{field} = {value}": still_refused(with_fix(raw, field, value)) for field, value in fixes}
+        assert {fix: why for fix, why in failures.items() if why} == {}
+
+    @pytest.mark.parametrize(("raw", "fields"), REFUSED)
+    def test_the_suggested_limits_are_the_largest_that_fit(self, raw: dict[str, Any], fields: list[str]) -> None:
+        """One more than a suggested batch size or instance count is refused: the fix gives up no more than it must."""
+        for field, value in suggested_fixes(refusal(raw).message):
+            if field in ("maxBatchSize", "instances"):
+                assert refusal(with_fix(raw, field, int(value) + 1)).condition == "MemoryFit", field
+
+    @pytest.mark.parametrize(("raw", "fields"), REFUSED)
+    def test_more_memory_is_asked_for_no_less_than_the_peak(self, raw: dict[str, Any], fields: list[str]) -> None:
+        (asked,) = [value for field, value in suggested_fixes(refusal(raw).message) if "memory" in field]
+        unchecked = copy.deepcopy(raw)  # the same spec with nothing to check against: planned, with its peak
+        unchecked.pop("gpu", None)
+        unchecked["resources"]["limits"].pop("memory")
+        peak = plan(unchecked).memory.required_bytes
+        assert parse_quantity(asked) >= peak, f"asks for {asked} ({parse_quantity(asked):.0f} bytes), needs {peak}"
 
     def test_gpu_is_checked_against_gpu_memory(self) -> None:
         result = plan(
@@ -213,10 +374,11 @@ class TestMemoryFit:
                 gpu={"memory": "512Mi"},
             )
         )
+        peak = peak_by_hand(100 * MI, 10 * MI, BOARD_IO_BYTES, instances=2, batch=32, queue=128, costs=GPU_RUNTIME)
         assert refused.condition == "MemoryFit"
-        assert "840Mi against 512Mi of GPU memory (gpu.memory)" in refused.message
-        assert "batching.maxBatchSize <= 15" in refused.message
-        assert "at least 840Mi of GPU memory" in refused.message
+        assert "0B in-flight requests" in refused.message  # queued requests wait in host memory
+        assert f"= {format_bytes(peak)} against 512Mi of GPU memory (gpu.memory)" in refused.message
+        assert "of GPU memory" in refused.message.split("Fix: ")[1]
 
     def test_gpu_without_gpu_memory_is_not_checked(self) -> None:
         result = plan(
@@ -238,6 +400,96 @@ class TestMemoryFit:
         result = plan(raw_spec(weight_bytes=100 * 2**30, resources={"limits": {"cpu": "1"}}))
         assert result.memory.available_bytes is None
         assert any("resources.limits.memory is not set" in w for w in result.warnings)
+
+
+class TestRuntimeOverhead:
+    @pytest.mark.parametrize(
+        ("resources", "gpu", "runtime"),
+        [
+            ({"limits": {"cpu": "2", "memory": "4Gi"}}, None, CONTAINER_RUNTIME),
+            ({"limits": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": 1}}, {"memory": "16Gi"}, GPU_RUNTIME),
+        ],
+        ids=["cpu", "gpu"],
+    )
+    @pytest.mark.parametrize("overhead", ["64Mi", "2Gi", 0])
+    def test_the_spec_overhead_replaces_the_baseline(
+        self, resources: dict[str, Any], gpu: dict[str, str] | None, runtime: RuntimeCosts, overhead: str | int
+    ) -> None:
+        sections: dict[str, Any] = {"resources": resources, **({"gpu": gpu} if gpu else {})}
+        default = plan(raw_spec(**TestMemoryFit.TOO_BIG, **sections)).memory.required_bytes
+        measured = plan(raw_spec(**TestMemoryFit.TOO_BIG, runtime={"memoryOverhead": overhead}, **sections))
+        assert measured.memory.required_bytes - default == parse_quantity(overhead) - runtime.baseline_bytes
+        assert f"{format_bytes(parse_quantity(overhead))} runtime" in measured.memory.explain()
+
+    def test_the_operator_setting_replaces_the_baseline(self) -> None:
+        spec = parse_spec(raw_spec(**TestMemoryFit.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "4Gi"}}))
+        costs = OperatorSettings(runtime_memory_overhead="1Gi").runtime_costs()
+        default = plan_service(spec).memory.required_bytes
+        assert plan_service(spec, costs).memory.required_bytes - default == 2**30 - CONTAINER_RUNTIME.baseline_bytes
+
+    def test_the_spec_overhead_wins_over_the_operator_setting(self) -> None:
+        raw = raw_spec(**TestMemoryFit.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "4Gi"}})
+        costs = OperatorSettings(runtime_memory_overhead="1Gi").runtime_costs()
+        own = plan_service(parse_spec({**raw, "runtime": {"memoryOverhead": "100Mi"}}), costs)
+        assert own.memory.estimate.baseline == 100 * MI
+
+    def test_a_measured_overhead_lets_a_spec_fit(self) -> None:
+        raw = raw_spec(**TestMemoryFit.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "1536Mi"}})
+        assert refusal(raw).condition == "MemoryFit"  # with the default 512Mi for the runtime
+        assert plan({**raw, "runtime": {"memoryOverhead": "128Mi"}}).memory.fits
+
+
+class TestQueueBound:
+    LIMITS: ClassVar[dict[str, Any]] = {"limits": {"cpu": "1", "memory": "1Gi"}}
+
+    def test_derived_from_the_capacity(self) -> None:
+        # Inception on one CPU: 8 samples/s x 10 s x 0.5 = 40, less 3 rounds of 1 instance x batch 8 = 16.
+        result = plan(
+            raw_spec(capacity=8.0, resources=self.LIMITS, batching={"maxBatchSize": 8}, timeouts={"requestSeconds": 10})
+        )
+        assert (result.queue.size, result.queue.source, result.queue.capacity) == (16, "capacity", 8.0)
+        assert result.serving.max_queue_size == 16
+        config = parse_model_config(render_model_config(result.serving))
+        assert config.dynamic_batching.default_queue_policy.max_queue_size == 16
+        assert result.warnings == []
+
+    def test_the_capacity_is_the_pods(self) -> None:
+        # 4 CPUs, 2 instances x 2 intra-op threads: 32 samples/s x 10 s x 0.5 = 160, less 3 x 2 x 8 = 112.
+        result = plan(raw_spec(capacity=8.0, instances=2, resources={"limits": {"cpu": "4", "memory": "1Gi"}}))
+        assert (result.threads.intra_op, result.queue.capacity) == (2, 32.0)
+        assert result.serving.max_queue_size == 112
+
+    def test_the_spec_value_wins(self) -> None:
+        result = plan(raw_spec(capacity=8.0, resources=self.LIMITS, batching={"maxQueueSize": 5}))
+        assert (result.serving.max_queue_size, result.queue.source) == (5, "spec")
+        assert result.warnings == []
+
+    def test_unknown_capacity_warns(self) -> None:
+        result = plan(raw_spec(instances=1, resources=self.LIMITS, batching={"maxBatchSize": 8}))
+        assert (result.serving.max_queue_size, result.queue.source) == (2 * 8, "unknown capacity")
+        (warning,) = result.warnings
+        assert "capacity unknown" in warning
+        assert "model.profile.samplesPerCpuSecond" in warning
+        assert "batching.maxQueueSize" in warning
+
+    @pytest.mark.parametrize(
+        "sections",
+        [
+            {"capacity": 8.0},
+            {"capacity": 8.0, "batching": {"maxQueueSize": 500}},
+            {"batching": {"maxBatchSize": 4}},
+        ],
+        ids=["capacity", "spec", "unknown capacity"],
+    )
+    def test_the_memory_estimate_holds_the_queue_the_config_bounds(self, sections: dict[str, Any]) -> None:
+        result = plan(image_spec(instances=2, resources={"limits": {"cpu": "2", "memory": "8Gi"}}, **sections))
+        executing = 2 * result.serving.max_batch_size
+        assert result.serving.max_queue_size is not None
+        expected = (result.serving.max_queue_size + executing) * (
+            IMAGE_IO_BYTES * CONTAINER_RUNTIME.buffer_factor + CONTAINER_RUNTIME.request_bytes
+        )
+        assert result.memory.estimate.in_flight == round(expected)
+        assert not result.memory.estimate.unbounded
 
 
 class TestServingConfig:
@@ -300,10 +552,19 @@ class TestExamples:
         assert condition in ("ThreadBudget", "MemoryFit")
 
     def test_out_of_memory_example_numbers(self) -> None:
-        refused = refusal(yaml.safe_load((EXAMPLES / "refused" / "out-of-memory.yaml").read_text())["spec"])
-        # 95269496 x 4 + 11063808 x 64 x 4 = 3213412832 bytes = 2.99Gi against 1Gi
-        assert "= 2.99Gi against 1Gi" in refused.message
-        # floor((1Gi - 95269496 x 4) / (11063808 x 4)) = floor(692663840 / 44255232) = 15
-        assert "batching.maxBatchSize <= 15" in refused.message
-        # floor(1Gi / (95269496 + 11063808 x 64)) = floor(1073741824 / 803353208) = 1
-        assert "instances <= 1" in refused.message
+        raw = yaml.safe_load((EXAMPLES / "refused" / "out-of-memory.yaml").read_text())["spec"]
+        refused = refusal(raw)
+        # 4 instances at batch 64; no capacity and no maxQueueSize: 2 rounds of 4 x 64 queued.
+        peak = peak_by_hand(**INCEPTION_PROFILE, io_bytes=IMAGE_IO_BYTES, instances=4, batch=64, queue=2 * 4 * 64)
+        assert f"= {format_bytes(peak)} against 3Gi of memory" in refused.message
+        assert [field for field, _ in suggested_fixes(refused.message)] == ["maxBatchSize", "instances", "memory"]
+        assert ("instances", "1") in suggested_fixes(refused.message)
+
+    def test_out_of_memory_example_comment_is_true(self) -> None:
+        text = (EXAMPLES / "refused" / "out-of-memory.yaml").read_text()
+        said = re.search(r"needs about ([\d.]+) GiB", text)
+        assert said is not None
+        required = plan({**yaml.safe_load(text)["spec"], "resources": {"limits": {"cpu": "4"}}}).memory.required_bytes
+        assert float(said.group(1)) == round(required / 2**30, 1)
+        fixes = refusal(yaml.safe_load(text)["spec"]).message.split("Fix: ")[1]
+        assert f"# The operator suggests: {fixes}\n" in text

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from inferop_operator.spec import InferenceServiceSpec, SpecError, parse_spec
-from tests.specs import raw_spec
+from tests.specs import MODEL, raw_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "operator" / "examples"
 
@@ -40,7 +40,9 @@ class TestDefaults:
         )
         assert spec.batching.max_batch_size == 8
         assert spec.batching.max_queue_delay_microseconds == 2000
-        assert spec.batching.max_queue_size == 64
+        assert spec.batching.max_queue_size is None  # derived by the plan from the measured capacity
+        assert spec.model.profile.samples_per_cpu_second is None
+        assert spec.runtime.memory_overhead is None  # the operator's setting applies
         assert spec.timeouts.request_seconds == 10.0
         assert spec.timeouts.startup_seconds == 300
         assert spec.autoscaling is None
@@ -65,7 +67,8 @@ class TestDefaults:
 
     def test_partial_section_keeps_other_defaults(self) -> None:
         spec = parse_spec(raw_spec(batching={"maxBatchSize": 32}))
-        assert (spec.batching.max_batch_size, spec.batching.max_queue_size) == (32, 64)
+        assert (spec.batching.max_batch_size, spec.batching.max_queue_delay_microseconds) == (32, 2000)
+        assert spec.batching.max_queue_size is None
 
     def test_camel_case_fields_are_read(self) -> None:
         spec = parse_spec(
@@ -163,6 +166,12 @@ class TestErrors:
         [
             (raw_spec(batching={"maxBatchSize": 0}), "spec.batching.maxBatchSize"),
             (raw_spec(batching={"maxQueueSize": 0}), "spec.batching.maxQueueSize"),
+            (raw_spec(runtime={"memoryOverhead": "-1Gi"}), "spec.runtime.memoryOverhead"),
+            (raw_spec(runtime={"memoryOverhead": "lots"}), "spec.runtime.memoryOverhead"),
+            (
+                with_model(profile={**MODEL["profile"], "samplesPerCpuSecond": 0}),
+                "spec.model.profile.samplesPerCpuSecond",
+            ),
             (raw_spec(threads={"intraOp": 0}), "spec.threads.intraOp"),
             (raw_spec(instances=0), "spec.instances"),
             (raw_spec(timeouts={"requestSeconds": 0}), "spec.timeouts.requestSeconds"),

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from inferop.memory import CONTAINER_RUNTIME
+from inferop.quantity import format_bytes
 from inferop_operator.builders import Service, build_deployment
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
@@ -20,10 +22,31 @@ from inferop_operator.status import (
 from tests.specs import MODEL, raw_spec
 
 OLD = "2020-01-01T00:00:00Z"
+MI = 2**20
+IO_BYTES = (1 * 8 * 7 + 7 + 1) * 4  # board in, policy and value out: FP32
 
 
-def make_service(**sections: Any) -> Service:
-    profile = {"parameters": 10, "macsPerSample": 100, "weightBytes": 4 * 2**20, "activationBytesPerSample": 2**20}
+def peak(instances: int = 2, batch: int = 8, queue: int = 2 * 2 * 8) -> int:
+    """The peak of make_service's model (4Mi weights, 1Mi activations a sample) in NVIDIA's container, by hand."""
+    costs = CONTAINER_RUNTIME
+    return (
+        costs.baseline_bytes
+        + instances * costs.instance_bytes
+        + round(instances * 4 * MI * costs.weight_factor)
+        + round(instances * batch * MI * costs.activation_factor)
+        + round((queue + instances * batch) * (IO_BYTES * costs.buffer_factor + costs.request_bytes))
+    )
+
+
+def make_service(capacity: float | None = None, **sections: Any) -> Service:
+    profile: dict[str, Any] = {
+        "parameters": 10,
+        "macsPerSample": 100,
+        "weightBytes": 4 * MI,
+        "activationBytesPerSample": MI,
+    }
+    if capacity is not None:
+        profile["samplesPerCpuSecond"] = capacity
     raw = raw_spec(
         model={**MODEL, "profile": profile}, instances=2, resources={"limits": {"cpu": "4", "memory": "1Gi"}}
     )
@@ -180,8 +203,9 @@ class TestDeployedStatus:
             in conditions["ThreadBudget"]["message"]
         )
         assert (conditions["MemoryFit"]["status"], conditions["MemoryFit"]["reason"]) == ("True", "Fits")
-        # 4Mi x 2 + 1Mi x batch 8 x 2 = 24Mi
-        assert "= 24Mi against 1Gi of memory" in conditions["MemoryFit"]["message"]
+        message = conditions["MemoryFit"]["message"]
+        assert message.startswith(f"peak estimate {format_bytes(CONTAINER_RUNTIME.baseline_bytes)} runtime + ")
+        assert message.endswith(f"= {format_bytes(peak())} against 1Gi of memory (resources.limits.memory)")
 
     def test_memory_not_checked_is_unknown(self) -> None:
         status = deployed_status(make_service(resources={"limits": {"cpu": "4"}}), deployment(), 1, None)
@@ -201,7 +225,7 @@ class TestDeployedStatus:
             "interOp": 1,
             "summary": "2x(2+1)/4cpu",
         }
-        assert status["memory"] == {"requiredBytes": 24 * 2**20, "availableBytes": 2**30}
+        assert status["memory"] == {"requiredBytes": peak(), "availableBytes": 2**30}
 
     def test_transition_time_kept_across_reconciles(self) -> None:
         first = deployed_status(make_service(), deployment(ready=1), 1, None)
@@ -222,6 +246,24 @@ class TestPlanStatus:
         status = plan_status(make_service(resources={}, instances=1))
         assert (status["threads"]["cpus"], status["threads"]["cpuSource"]) == (1.0, "assumed")
         assert status["threads"]["summary"] == "1x(1+1)/1cpu"
+
+    def test_derived_queue_bound(self) -> None:
+        # 4 CPUs, 2 instances x 2 intra-op threads: 8 x 4 = 32 samples/s x 10 s x 0.5 = 160, less 2 x 2 x 8 = 128.
+        status = plan_status(make_service(capacity=8.0))
+        assert status["queue"] == {"maxQueueSize": 112, "source": "capacity", "capacitySamplesPerSecond": 32.0}
+        assert status["memory"]["requiredBytes"] == peak(queue=112)  # the estimate holds the queue it bounds
+
+    def test_queue_bound_from_the_spec(self) -> None:
+        status = plan_status(make_service(capacity=8.0, batching={"maxQueueSize": 5}))
+        assert status["queue"] == {"maxQueueSize": 5, "source": "spec", "capacitySamplesPerSecond": 32.0}
+
+    def test_queue_bound_of_unknown_capacity(self) -> None:
+        status = plan_status(make_service())
+        assert status["queue"] == {"maxQueueSize": 2 * 2 * 8, "source": "unknown capacity"}
+
+    def test_status_queue_is_the_configured_one(self) -> None:
+        service = make_service(capacity=8.0)
+        assert plan_status(service)["queue"]["maxQueueSize"] == service.plan.serving.max_queue_size
 
     def test_fractional_cpus(self) -> None:
         status = plan_status(make_service(resources={"limits": {"cpu": "2500m"}}))

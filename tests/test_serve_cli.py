@@ -130,6 +130,26 @@ class TestServe:
         assert f"model repository {missing.resolve()} does not exist" in result.stderr
         assert "Traceback" not in result.stderr
 
+    @pytest.mark.parametrize(
+        ("flag", "value", "message"),
+        [
+            ("--cpus", "-1", "--cpus '-1': must be positive"),
+            ("--memory", "8Mi", "--memory '8Mi': must be at least 16Mi"),
+            ("--cpuset", "0-4095", "--cpuset '0-4095': CPUs "),
+        ],
+    )
+    def test_bad_pod_limit_exits_2_naming_the_flag(self, flag: str, value: str, message: str, tmp_path: Path) -> None:
+        result = subprocess.run(
+            [str(INFEROP), "serve", "--repo", str(tmp_path), flag, value],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 2
+        assert f"error: {message}" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+
     def test_model_with_a_garbage_onnx_file_fails_naming_the_model(
         self, model_repo: ExportedRepo, tmp_path: Path
     ) -> None:

@@ -106,7 +106,8 @@ class TestModelsAndConfig:
         assert config["parameters"] == {
             "intra_op_thread_count": {"string_value": str(served.intra_op_threads)},
             "inter_op_thread_count": {"string_value": str(served.inter_op_threads)},
-            "execution_mode": {"string_value": "1" if served.inter_op_threads > 1 else "0"},
+            "execution_mode": {"string_value": "1" if (served.inter_op_threads or 0) > 1 else "0"},
+            "enable_mem_pattern": {"string_value": "0"},
         }
         assert sorted(int(w["batch_size"]) for w in config["model_warmup"]) == [1, served.max_batch_size]
 

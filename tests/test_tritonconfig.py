@@ -105,6 +105,74 @@ class TestRenderModelConfig:
         assert rendered(cfg) == build_model_config(cfg)
 
 
+class TestUnsetSettings:
+    """None leaves a setting out of config.pbtxt, so the backend's or Triton's own default applies."""
+
+    @staticmethod
+    def config(**changes: Any) -> ServingConfig:
+        return ServingConfig(name="m", inputs=(BOARD,), outputs=(POLICY, VALUE), **changes)
+
+    def test_unset_thread_counts_are_left_to_the_backend(self) -> None:
+        cfg = self.config(intra_op_threads=None, inter_op_threads=None)
+        parameters = rendered(cfg).parameters
+        for name in ("intra_op_thread_count", "inter_op_thread_count", "execution_mode"):
+            assert name not in parameters
+            assert name not in render_model_config(cfg)
+
+    def test_only_the_unset_count_is_left_out(self) -> None:
+        parameters = rendered(self.config(intra_op_threads=None, inter_op_threads=2)).parameters
+        assert "intra_op_thread_count" not in parameters
+        assert parameters["inter_op_thread_count"].string_value == "2"
+        assert parameters["execution_mode"].string_value == "1"
+        parameters = rendered(self.config(intra_op_threads=3, inter_op_threads=None)).parameters
+        assert parameters["intra_op_thread_count"].string_value == "3"
+        assert "inter_op_thread_count" not in parameters
+
+    def test_no_queue_bound_and_no_timeout_is_tritons_default_policy(self) -> None:
+        cfg = self.config(max_queue_size=None, request_timeout_microseconds=None)
+        batching = rendered(cfg).dynamic_batching
+        assert not batching.HasField("default_queue_policy")  # unbounded, and requests wait forever
+        assert "default_queue_policy" not in render_model_config(cfg)
+        assert batching.max_queue_delay_microseconds == cfg.max_queue_delay_microseconds
+
+    def test_a_queue_bound_without_a_timeout(self) -> None:
+        policy = rendered(self.config(max_queue_size=24, request_timeout_microseconds=None)).dynamic_batching
+        assert policy.default_queue_policy.max_queue_size == 24
+        assert policy.default_queue_policy.default_timeout_microseconds == 0  # no timeout
+        assert not policy.default_queue_policy.allow_timeout_override
+
+    def test_a_timeout_without_a_queue_bound(self) -> None:
+        policy = rendered(self.config(max_queue_size=None, request_timeout_microseconds=500_000)).dynamic_batching
+        assert policy.default_queue_policy.max_queue_size == 0  # unbounded
+        assert policy.default_queue_policy.default_timeout_microseconds == 500_000
+        assert policy.default_queue_policy.timeout_action == mc.ModelQueuePolicy.REJECT
+
+
+class TestMemoryPattern:
+    @pytest.mark.parametrize("cfg", SPECS.values(), ids=SPECS.keys())
+    def test_off_by_default(self, cfg: ServingConfig) -> None:
+        assert rendered(cfg).parameters["enable_mem_pattern"].string_value == "0"
+
+    def test_left_to_onnx_runtime_when_asked_for(self) -> None:
+        cfg = ServingConfig(name="m", inputs=(BOARD,), outputs=(VALUE,), memory_pattern=True)
+        assert "enable_mem_pattern" not in rendered(cfg).parameters
+
+
+class TestTensorSpec:
+    @pytest.mark.parametrize(
+        ("spec", "size"),
+        [
+            (BOARD, 1 * 8 * 7 * 4),
+            (IMAGES, 3 * 299 * 299 * 4),
+            (TensorSpec(name="ids", datatype="INT64", dims=(128,)), 128 * 8),
+            (TensorSpec(name="half", datatype="FP16", dims=(2, 3)), 6 * 2),
+            (TensorSpec(name="mask", datatype="BOOL", dims=(10,)), 10),
+        ],
+    )
+    def test_bytes_per_sample(self, spec: TensorSpec, size: int) -> None:
+        assert spec.bytes_per_sample == size
+
+
 class TestServingConfigValidation:
     @pytest.mark.parametrize(
         ("changes", "field"),

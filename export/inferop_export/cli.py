@@ -42,7 +42,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     serving.add_argument("--intra-op-threads", type=int, help="default: floor(CPUs / instances) of this machine")
     serving.add_argument("--inter-op-threads", type=int, default=1)
     serving.add_argument("--max-queue-delay-us", type=int, default=2000, help="dynamic batching wait")
-    serving.add_argument("--max-queue-size", type=int, default=64, help="requests queued before rejecting")
+    serving.add_argument(
+        "--max-queue-size",
+        type=int,
+        help="requests queued before rejecting (default: derived from the measured capacity and the timeout)",
+    )
     serving.add_argument(
         "--request-timeout-ms", type=int, default=10_000, help="queue time after which a request is rejected"
     )
@@ -61,9 +65,10 @@ def run(args: argparse.Namespace) -> int:
         "intra_op_threads": threads.intra_op,
         "inter_op_threads": threads.inter_op,
         "max_queue_delay_microseconds": args.max_queue_delay_us,
-        "max_queue_size": args.max_queue_size,
         "request_timeout_microseconds": args.request_timeout_ms * 1000,
     }
+    if args.max_queue_size is not None:
+        serving["max_queue_size"] = args.max_queue_size
     try:
         if args.network == "conv_net":
             network = catalog.conv_net(args.rows, args.cols, args.depth, args.hidden, args.moves, seed=args.seed)
@@ -85,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
         storage_uri = args.storage_uri or f"hostpath://{Path(report.config_path).parent.resolve()}"
         try:
-            write_manifest(report.serving, report.profile, storage_uri, args.manifest)
+            write_manifest(report.serving, report.profile, storage_uri, args.manifest, queue_size=args.max_queue_size)
         except (ValueError, ValidationError) as error:
             print(f"error: --manifest: {error}", file=sys.stderr)
             return 2
@@ -110,6 +115,9 @@ def format_report(report: dict) -> str:
         f"  weight bytes: {profile['weight_bytes']:,} ({profile['weight_bytes'] / 2**20:.1f} MiB)",
         f"  activation bytes per sample (peak live): {profile['activation_bytes_per_sample']:,} "
         f"({profile['activation_bytes_per_sample'] / 2**20:.2f} MiB)",
+        f"  capacity: {profile['samples_per_cpu_second']:.1f} samples per CPU-second "
+        f"(ONNX Runtime, one thread, batch {report['serving']['max_batch_size']}); "
+        f"queue bound {report['serving']['max_queue_size']}",
         f"  config: {report['configPath']}",
     ]
     return "\n".join(lines)

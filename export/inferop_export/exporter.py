@@ -6,6 +6,7 @@ batch 1 and at a larger batch (so the dynamic batch axis is exercised), and a pr
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 import time
@@ -20,6 +21,8 @@ import onnx
 import torch
 from torch import nn
 
+from inferop.capacity import derive_queue_bound, pod_capacity
+from inferop.threads import local_cpus, plan_threads
 from inferop.tritonconfig import MODEL_FILENAME, ServingConfig, TensorSpec, render_model_config
 from inferop_export.profile import ModelProfile, profile_onnx
 
@@ -92,7 +95,9 @@ class Progress:
 def export_network(
     network: Network, repo: Path, serving: dict[str, Any] | None = None, seed: int = 0, quiet: bool = False
 ) -> ExportReport:
-    """Export, verify and write the Triton model directory; raise VerificationError if a check fails."""
+    """Export, verify and write the Triton model directory; raise VerificationError if a check fails.
+
+    Without `max_queue_size` in `serving`, the queue bound is derived from the capacity measured here."""
     config = ServingConfig(
         name=network.name,
         inputs=network.inputs,
@@ -102,7 +107,7 @@ def export_network(
     model_dir = repo / network.name
     model_path = model_dir / "1" / MODEL_FILENAME
     model_path.parent.mkdir(parents=True, exist_ok=True)
-    progress = Progress(total=4, quiet=quiet)
+    progress = Progress(total=5, quiet=quiet)
     module = network.module.eval()
 
     with progress.step(f"exporting {network.name} to ONNX"):
@@ -114,7 +119,15 @@ def export_network(
     with progress.step("profile"):
         parameters = sum(p.numel() for p in module.parameters())
         profile = profile_onnx(onnx.load(str(model_path)), parameters=parameters)
+    with progress.step(f"capacity: ONNX Runtime, one thread, batch {config.max_batch_size}"):
+        rate = measure_capacity(network, model_path, config.max_batch_size, seed)
+        profile = dataclasses.replace(profile, samples_per_cpu_second=rate)
 
+    if "max_queue_size" not in (serving or {}):
+        threads = plan_threads(local_cpus(), config.instances, config.intra_op_threads, config.inter_op_threads)
+        timeout = (config.request_timeout_microseconds or 0) / 1e6
+        queue = derive_queue_bound(pod_capacity(rate, threads), timeout, config.instances, config.max_batch_size)
+        config = config.model_copy(update={"max_queue_size": queue.size})
     config_path = model_dir / "config.pbtxt"
     config_path.write_text(render_model_config(config))
     if network.labels:
@@ -182,6 +195,29 @@ def compare_with_onnxruntime(module: nn.Module, network: Network, path: Path, se
                 {"batch": batch, "output": spec.name, "maxAbsDiff": diff, "maxAbsValue": float(np.max(np.abs(got)))}
             )
     return results
+
+
+def measure_capacity(network: Network, path: Path, batch: int, seed: int, seconds: float = 2.0) -> float:
+    """Samples per second that one CPU runs at `batch`: the capacity the queue bound is derived from.
+
+    One intra-op thread that never spins, so the figure is one CPU's worth whatever the machine; at least
+    three timed runs after a warm-up one, and at least `seconds` of them.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    inputs = network.make_input(batch, torch.Generator().manual_seed(seed + 2))
+    feeds = {spec.name: tensor.numpy() for spec, tensor in zip(network.inputs, inputs, strict=True)}
+    session.run(None, feeds)
+    runs, start = 0, time.perf_counter()
+    while runs < 3 or time.perf_counter() - start < seconds:
+        session.run(None, feeds)
+        runs += 1
+    return round(runs * batch / (time.perf_counter() - start), 3)
 
 
 def _with_labels(network: Network) -> tuple[TensorSpec, ...]:

@@ -18,17 +18,27 @@ from inferop_export.profile import ModelProfile
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import GROUP, KIND, VERSION, parse_spec
 
-# Room for the Triton process, ONNX Runtime's arena slack and the python of a stub, above the estimate.
-RUNTIME_HEADROOM_BYTES = 1 << 30
+# The memory limit written is the estimated peak plus this share: the estimate's stated accuracy.
+MEMORY_MARGIN = 1.25
 
 
 def build_manifest(
-    serving: ServingConfig, profile: ModelProfile, storage_uri: str, name: str | None = None
+    serving: ServingConfig,
+    profile: ModelProfile,
+    storage_uri: str,
+    name: str | None = None,
+    queue_size: int | None = None,
 ) -> dict[str, Any]:
-    cpus = serving.instances * (serving.intra_op_threads + serving.inter_op_threads - 1)
-    estimate = (profile.weight_bytes + profile.activation_bytes_per_sample * serving.max_batch_size) * serving.instances
-    memory = f"{math.ceil((estimate + RUNTIME_HEADROOM_BYTES) / 2**20)}Mi"
-    spec = {
+    """The InferenceService for an exported model: the CPUs its threads use, and a memory limit from the
+    operator's own peak estimate (queue bound derived by the operator unless `queue_size` is given)."""
+    cpus = serving.instances * ((serving.intra_op_threads or 1) + (serving.inter_op_threads or 1) - 1)
+    batching: dict[str, Any] = {
+        "maxBatchSize": serving.max_batch_size,
+        "maxQueueDelayMicroseconds": serving.max_queue_delay_microseconds,
+    }
+    if queue_size is not None:
+        batching["maxQueueSize"] = queue_size
+    spec: dict[str, Any] = {
         "model": {
             "name": serving.name,
             "storageUri": storage_uri,
@@ -38,15 +48,14 @@ def build_manifest(
         },
         "replicas": 1,
         "instances": serving.instances,
-        "resources": {"requests": {"cpu": str(cpus), "memory": memory}, "limits": {"cpu": str(cpus), "memory": memory}},
+        "resources": {"requests": {"cpu": str(cpus)}, "limits": {"cpu": str(cpus)}},
         "threads": {"intraOp": serving.intra_op_threads, "interOp": serving.inter_op_threads},
-        "batching": {
-            "maxBatchSize": serving.max_batch_size,
-            "maxQueueDelayMicroseconds": serving.max_queue_delay_microseconds,
-            "maxQueueSize": serving.max_queue_size,
-        },
-        "timeouts": {"requestSeconds": serving.request_timeout_microseconds / 1e6},
+        "batching": batching,
+        "timeouts": {"requestSeconds": (serving.request_timeout_microseconds or 0) / 1e6},
     }
+    peak = plan_service(parse_spec(spec)).memory.required_bytes
+    memory = f"{math.ceil(peak * MEMORY_MARGIN / 2**20)}Mi"
+    spec["resources"]["requests"]["memory"] = spec["resources"]["limits"]["memory"] = memory
     plan_service(parse_spec(spec))  # raises if the operator would refuse it
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -56,8 +65,10 @@ def build_manifest(
     }
 
 
-def write_manifest(serving: ServingConfig, profile: ModelProfile, storage_uri: str, path: Path) -> Path:
-    manifest = build_manifest(serving, profile, storage_uri)
+def write_manifest(
+    serving: ServingConfig, profile: ModelProfile, storage_uri: str, path: Path, queue_size: int | None = None
+) -> Path:
+    manifest = build_manifest(serving, profile, storage_uri, queue_size=queue_size)
     estimate = format_bytes(manifest["spec"]["model"]["profile"]["weightBytes"])
     header = f"# Written by `inferop export` for {serving.name} ({estimate} of weights). Apply with kubectl apply -f.\n"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,17 +19,21 @@ class ModelProfile:
     macs_per_sample: int
     weight_bytes: int
     activation_bytes_per_sample: int
+    samples_per_cpu_second: float | None = None  # measured capacity; None until measured
 
-    def as_spec(self) -> dict[str, int]:
+    def as_spec(self) -> dict[str, int | float]:
         """The camelCase form an InferenceService's `model.profile` takes."""
-        return {
+        spec: dict[str, int | float] = {
             "parameters": self.parameters,
             "macsPerSample": self.macs_per_sample,
             "weightBytes": self.weight_bytes,
             "activationBytesPerSample": self.activation_bytes_per_sample,
         }
+        if self.samples_per_cpu_second is not None:
+            spec["samplesPerCpuSecond"] = self.samples_per_cpu_second
+        return spec
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | float | None]:
         return asdict(self)
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from inferop.limits import LimitsError, PodLimits, describe_usage
 from inferop.serving.localrepo import RepositoryError
 from inferop.serving.tritonserver import ServerError, TritonServer
 
@@ -19,15 +20,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (default HTTP port + 2)")
     parser.add_argument("--log", type=Path, help="write tritonserver's log here (default: a temporary file)")
     parser.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait for models to load")
+    limits = parser.add_argument_group(
+        "pod limits", "a pod's resources.limits, applied to the server and its stubs with cgroups as the kubelet does"
+    )
+    limits.add_argument("--cpus", help="CPU limit, a CFS quota per 100 ms period: 1, 1.5, 500m")
+    limits.add_argument("--memory", help="memory limit; beyond it the kernel's OOM killer strikes: 1Gi, 900Mi")
+    limits.add_argument("--cpuset", help="CPUs the server may run on: 1, 0-1, 0,2")
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        limits = PodLimits.from_strings(args.cpus, args.memory, args.cpuset)
+    except LimitsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     server = TritonServer(
         repo=args.repo,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         log_path=args.log,
+        limits=limits,
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -37,17 +50,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         server.start(timeout=args.ready_timeout)
         models = ", ".join(sorted(p.name for p in args.repo.iterdir() if (p / "config.pbtxt").is_file()))
+        pod = ""
+        if server.cgroup is not None:
+            cgroups = ", ".join(map(str, server.cgroup.directories))
+            pod = f"limits: {limits.describe()} (cgroup v{server.cgroup.version}: {cgroups})\n"
         print(
             f"tritonserver ready: http://{server.url} (gRPC {server.grpc_port}, metrics {server.metrics_url})\n"
-            f"models: {models}\nlog: {server.log_path}\nCtrl-C stops it.",
+            f"models: {models}\n{pod}log: {server.log_path}\nCtrl-C stops it.",
             file=sys.stderr,
             flush=True,
         )
         assert server.process is not None
-        code = server.process.wait()
-        print(f"error: tritonserver exited with code {code}:\n{server.log_tail()}", file=sys.stderr)
+        server.process.wait()
+        print(f"error: {server.exit_reason()}:\n{server.log_tail()}", file=sys.stderr)
         return 1
-    except (RepositoryError, ServerError) as error:
+    except (RepositoryError, ServerError, LimitsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -55,3 +72,5 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         server.stop()
+        if server.usage is not None:
+            print(f"pod usage: {describe_usage(server.usage)}", file=sys.stderr)

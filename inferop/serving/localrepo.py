@@ -12,7 +12,14 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferop.tritonconfig import MODEL_FILENAME, ONNX_PLATFORM, parse_model_config, to_text
+from inferop.tritonconfig import (
+    MODEL_FILENAME,
+    ONNX_PLATFORM,
+    ServingConfig,
+    parse_model_config,
+    render_model_config,
+    to_text,
+)
 
 PYTHON_MODEL = Path(__file__).with_name("model.py")
 
@@ -79,4 +86,17 @@ def prepare_local_repo(repo: Path, target: Path) -> Path:
                 shutil.copy(PYTHON_MODEL, version / "model.py")
             else:
                 (out / entry.name).symlink_to(entry.resolve())
+    return target
+
+
+def write_model_repo(serving: ServingConfig, source: Path, target: Path) -> Path:
+    """A repository at `target` serving the exported model in `source` (`<model>/` with `1/model.onnx` and
+    its label files, all linked, never copied) under another config: how drills and tests try settings."""
+    model_dir = target / serving.name
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(render_model_config(serving))
+    (model_dir / "1" / MODEL_FILENAME).symlink_to((source / "1" / MODEL_FILENAME).resolve())
+    for extra in source.iterdir():
+        if extra.is_file() and extra.name != "config.pbtxt":
+            (model_dir / extra.name).symlink_to(extra.resolve())
     return target

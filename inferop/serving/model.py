@@ -3,10 +3,15 @@ backend's settings from config.pbtxt: intra/inter-op thread counts and the dynam
 
 Runs inside Triton's python stub process; depends only on numpy, onnxruntime and Triton's utils.
 Instance count, max batch size, queue policy, timeouts and warm-up are enforced by Triton's core.
+
+Fault injection for drills and tests: while the file named by INFEROP_FAULT_STALL_FILE exists, every
+execution blocks, as a hung model does (and FILE.held is created, so a test knows one is held); removing
+the file lets the blocked executions finish.
 """
 
 import json
 import os
+import time
 
 import numpy as np
 import onnxruntime as ort
@@ -16,14 +21,17 @@ import triton_python_backend_utils as pb_utils
 def session_options(parameters):
     """SessionOptions from the config's `parameters` (the ONNX Runtime backend's names)."""
     options = ort.SessionOptions()
-    options.intra_op_num_threads = int(parameters.get("intra_op_thread_count", "1"))
-    options.inter_op_num_threads = int(parameters.get("inter_op_thread_count", "1"))
+    # As in NVIDIA's ONNX Runtime backend: an absent or zero count leaves ONNX Runtime's default, a thread
+    # per physical core of the machine, whatever the pod's CPU limit.
+    options.intra_op_num_threads = int(parameters.get("intra_op_thread_count", "0"))
+    options.inter_op_num_threads = int(parameters.get("inter_op_thread_count", "0"))
     if parameters.get("execution_mode", "0") == "1":
         options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
-    # Idle pool threads sleep instead of spinning: here they share the cores with Triton's own threads
-    # and the stub's, and spinning ones starve the request hand-over between them.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    # The backend's memory switches; unset, ONNX Runtime's defaults (both on) stay.
+    if "enable_mem_arena" in parameters:
+        options.enable_cpu_mem_arena = parameters["enable_mem_arena"].lower() in ("1", "true")
+    if "enable_mem_pattern" in parameters:
+        options.enable_mem_pattern = parameters["enable_mem_pattern"].lower() in ("1", "true")
     return options
 
 
@@ -35,9 +43,14 @@ class TritonPythonModel:
         self.session = ort.InferenceSession(path, session_options(parameters), providers=["CPUExecutionProvider"])
         self.input_names = [spec["name"] for spec in config["input"]]
         self.output_names = [spec["name"] for spec in config["output"]]
+        self.stall_file = os.environ.get("INFEROP_FAULT_STALL_FILE")
 
     def execute(self, requests):
         """One ONNX Runtime run for every request the dynamic batcher grouped, split back per request."""
+        if self.stall_file and os.path.exists(self.stall_file):
+            open(self.stall_file + ".held", "w").close()
+            while os.path.exists(self.stall_file):
+                time.sleep(0.05)
         feeds = {}
         sizes = []
         for name in self.input_names:

@@ -3,6 +3,8 @@
 The wheel carries the server, its libraries and the python backend with a stub per Python version. We lay
 out a backend directory with the stub for this interpreter, so the stub imports numpy and onnxruntime
 from this environment, and run the server in its own process group so stopping it leaves no stub behind.
+With `limits`, the server and its stubs run in a cgroup with a pod's CPU and memory limits: the resources they
+would have in Kubernetes.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from inferop.limits import PodCgroup, PodLimits
 from inferop.paths import cache_dir
+from inferop.quantity import format_bytes
 from inferop.serving.localrepo import prepare_local_repo
 
 READY_TIMEOUT_S = 120.0
@@ -88,6 +92,7 @@ class TritonServer:
     """A local tritonserver on `repo` (an ONNX Runtime model repository, translated for the python backend).
 
     Use as a context manager, or `start()` / `stop()`. `extra_args` are passed to tritonserver as they are.
+    `limits` run it in a pod's cgroup (`cgroup`); `stop()` keeps the cgroup's last measurements in `usage`.
     """
 
     repo: Path
@@ -96,6 +101,9 @@ class TritonServer:
     metrics_port: int | None = None
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
+    limits: PodLimits | None = None
+    cgroup: PodCgroup | None = field(default=None, init=False)
+    usage: dict[str, float | int | str | None] | None = field(default=None, init=False)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _workdir: Path | None = field(default=None, init=False)
 
@@ -140,16 +148,19 @@ class TritonServer:
         self._workdir = Path(tempfile.mkdtemp(prefix="inferop-serve-"))
         local_repo = prepare_local_repo(self.repo.resolve(), self._workdir / "repo")
         self.log_path = self.log_path or self._workdir / "tritonserver.log"
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                self.command(install, local_repo),
-                env=install.environment(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own process group: stub processes are stopped with it
-            )
         try:
+            if self.limits is not None and not self.limits.empty:
+                self.cgroup = PodCgroup(self.limits).create()
+            with open(self.log_path, "wb") as log:
+                self.process = subprocess.Popen(
+                    self.command(install, local_repo),
+                    env=install.environment(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # its own process group: stub processes are stopped with it
+                    preexec_fn=self.cgroup.join if self.cgroup else None,  # the pod: everything it starts too
+                )
             self.wait_ready(timeout)
         except BaseException:
             self.stop()
@@ -162,9 +173,7 @@ class TritonServer:
             assert self.process is not None
             if self.process.poll() is not None:
                 failures = "".join(f"{line}\n" for line in self.load_failures())
-                raise ServerError(
-                    f"tritonserver exited with code {self.process.returncode}:\n{failures}{self.log_tail()}"
-                )
+                raise ServerError(f"{self.exit_reason()}:\n{failures}{self.log_tail()}")
             if http_status(f"http://{self.url}/v2/health/ready") == 200:
                 return
             time.sleep(0.2)
@@ -181,9 +190,31 @@ class TritonServer:
                 self.process.wait()
         if self.process is not None:
             _signal_group(self.process.pid, signal.SIGKILL)  # any stub that outlived its server
+        if self.cgroup is not None:
+            self.usage = self.cgroup.usage()  # peaks and counters outlive the processes, not the cgroup
+            self.cgroup.destroy()
+            self.cgroup = None
         if self._workdir is not None:
             # The log goes with it unless it was asked for elsewhere; errors above already quoted its tail.
             shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def exit_reason(self) -> str:
+        """How the server ended, naming the OOM killer when it struck in the pod: a pod's most common death,
+        which the server's own log cannot tell."""
+        assert self.process is not None and self.process.returncode is not None
+        code = self.process.returncode
+        reason = f"tritonserver exited with code {code}"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                reason += f" ({signal.Signals(-code).name})"
+        usage = self.cgroup.usage() if self.cgroup is not None else self.usage
+        if usage and usage["oom_kills"] and self.limits is not None and self.limits.memory_bytes is not None:
+            reason += (
+                f"; {usage['oom_kills']} process(es) in its cgroup killed by the kernel's OOM killer at the memory "
+                f"limit {format_bytes(self.limits.memory_bytes)} (peak "
+                f"{format_bytes(float(usage['memory_peak_bytes'] or 0))}): raise the limit or serve fewer models"
+            )
+        return reason
 
     def load_failures(self) -> list[str]:
         """Triton's reason for each model that failed to load: far above the log's tail, which a startup

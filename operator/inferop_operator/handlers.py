@@ -64,7 +64,7 @@ def reconcile(
         patch_status(namespace, name, current, invalid_status(str(error), generation, previous))
         raise kopf.PermanentError(f"invalid spec: {error}") from None
     try:
-        plan = plan_service(spec)
+        plan = plan_service(spec, SETTINGS.runtime_costs())
     except Refusal as refusal:
         kopf.warn(body, reason=refusal.reason, message=refusal.message)
         new_status = refused_status(refusal.condition, refusal.reason, refusal.message, generation, previous)
@@ -151,7 +151,7 @@ def deployment_event(body: Any, namespace: str | None, type: str, services: kopf
         return  # not reconciled yet: the service handler writes the first status
     try:
         spec = parse_spec(parent["spec"])
-        plan = plan_service(spec)
+        plan = plan_service(spec, SETTINGS.runtime_costs())
     except (SpecError, Refusal):
         return  # the service's own handler reports it; this Deployment predates the bad spec
     service = Service(

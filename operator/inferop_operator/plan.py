@@ -7,8 +7,19 @@ refused here, before any pod exists, with the arithmetic and a fix in the messag
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from inferop.capacity import QueueBound, derive_queue_bound, pod_capacity
+from inferop.memory import (
+    CONTAINER_RUNTIME,
+    GPU_RUNTIME,
+    MemoryEstimate,
+    ModelCosts,
+    RuntimeCosts,
+    ServingShape,
+    estimate_memory,
+)
 from inferop.quantity import format_bytes, parse_quantity
 from inferop.threads import OversubscribedError, ThreadPlan, check_budget, plan_threads
 from inferop.tritonconfig import ServingConfig
@@ -25,23 +36,22 @@ class Refusal(Exception):
 
 @dataclass(frozen=True)
 class MemoryFit:
-    required_bytes: int
+    estimate: MemoryEstimate  # the pod's peak with its queue full
     available_bytes: float | None  # None: no limit to check against
     against: str  # what the estimate was compared with
     max_batch_size: int | None = None  # largest batch that fits with the requested instances
     max_instances: int | None = None  # most instances that fit at the requested batch size
 
     @property
+    def required_bytes(self) -> int:
+        return self.estimate.total
+
+    @property
     def fits(self) -> bool:
         return self.available_bytes is None or self.required_bytes <= self.available_bytes
 
-    def explain(self, spec: InferenceServiceSpec) -> str:
-        profile, instances, batch = spec.model.profile, spec.instances, spec.batching.max_batch_size
-        arithmetic = (
-            f"{format_bytes(profile.weight_bytes)} weights x {instances} instance(s) + "
-            f"{format_bytes(profile.activation_bytes_per_sample)} activations x batch {batch} x {instances} "
-            f"instance(s) = {format_bytes(self.required_bytes)}"
-        )
+    def explain(self) -> str:
+        arithmetic = f"peak estimate {self.estimate.explain()}"
         if self.available_bytes is None:
             return f"{arithmetic}; not checked: {self.against}"
         return f"{arithmetic} against {format_bytes(self.available_bytes)} {self.against}"
@@ -54,12 +64,17 @@ class Plan:
     serving: ServingConfig
     threads: ThreadPlan
     cpu_source: str  # "limit", "request" or "assumed"
+    queue: QueueBound
     memory: MemoryFit
     warnings: list[str] = field(default_factory=list)
 
 
-def plan_service(spec: InferenceServiceSpec) -> Plan:
-    """Derive threads and check both budgets; raise Refusal with a message a user can act on."""
+def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_RUNTIME) -> Plan:
+    """Derive threads and the queue bound, check both budgets; raise Refusal with a message a user can act on.
+
+    `runtime` holds the memory constants of what will serve the model (NVIDIA's container by default);
+    the spec's runtime.memoryOverhead replaces its baseline.
+    """
     warnings: list[str] = []
     cpus, cpu_source = cpu_budget(spec)
     if cpu_source == "assumed":
@@ -73,18 +88,23 @@ def plan_service(spec: InferenceServiceSpec) -> Plan:
     if threads.oversubscribed:
         warnings.append(f"oversubscription allowed by threads.allowOversubscription: {threads.explain()}")
 
-    memory = memory_fit(spec)
+    queue = queue_bound(spec, threads)
+    if queue.source == "unknown capacity":
+        warnings.append(queue.explain(spec.timeouts.request_seconds))
+    costs = runtime_costs(spec, runtime)
+    memory = memory_fit(spec, costs)
     if not memory.fits:
         fixes = []
         if memory.max_batch_size:
             fixes.append(f"batching.maxBatchSize <= {memory.max_batch_size}")
         if memory.max_instances:
             fixes.append(f"instances <= {memory.max_instances}")
-        fixes.append(f"at least {format_bytes(memory.required_bytes)} {memory.against.split(' (')[0]}")
+        # Whole MiB rounded up, so the amount suggested is a quantity that passes this very check.
+        fixes.append(f"at least {math.ceil(memory.required_bytes / 2**20)}Mi {memory.against.split(' (')[0]}")
         raise Refusal(
             "MemoryFit",
             "InsufficientMemory",
-            f"model does not fit: {memory.explain(spec)}. Fix: {' or '.join(fixes)}",
+            f"model does not fit: {memory.explain()}. Fix: {' or '.join(fixes)}",
         )
     if memory.available_bytes is None:
         warnings.append(f"memory fit not checked: {memory.against}")
@@ -97,12 +117,12 @@ def plan_service(spec: InferenceServiceSpec) -> Plan:
         instances=spec.instances,
         device="gpu" if spec.uses_gpu else "cpu",
         max_queue_delay_microseconds=spec.batching.max_queue_delay_microseconds,
-        max_queue_size=spec.batching.max_queue_size,
+        max_queue_size=queue.size,
         request_timeout_microseconds=round(spec.timeouts.request_seconds * 1_000_000),
         intra_op_threads=threads.intra_op,
         inter_op_threads=threads.inter_op,
     )
-    return Plan(serving=serving, threads=threads, cpu_source=cpu_source, memory=memory, warnings=warnings)
+    return Plan(serving=serving, threads=threads, cpu_source=cpu_source, queue=queue, memory=memory, warnings=warnings)
 
 
 def cpu_budget(spec: InferenceServiceSpec) -> tuple[float, str]:
@@ -113,28 +133,61 @@ def cpu_budget(spec: InferenceServiceSpec) -> tuple[float, str]:
     return 1.0, "assumed"
 
 
-def memory_fit(spec: InferenceServiceSpec) -> MemoryFit:
-    """weights x instances + activations x maxBatchSize x instances, against the memory limit (CPU) or
-    gpu.memory (GPU), with the largest batch size and instance count that would fit."""
-    weights = spec.model.profile.weight_bytes
-    activations = spec.model.profile.activation_bytes_per_sample
-    instances, batch = spec.instances, spec.batching.max_batch_size
-    required = weights * instances + activations * batch * instances
+def queue_bound(spec: InferenceServiceSpec, threads: ThreadPlan) -> QueueBound:
+    """batching.maxQueueSize, else derived from the measured capacity and the request timeout."""
+    return derive_queue_bound(
+        pod_capacity(spec.model.profile.samples_per_cpu_second, threads),
+        spec.timeouts.request_seconds,
+        spec.instances,
+        spec.batching.max_batch_size,
+        requested=spec.batching.max_queue_size,
+    )
+
+
+def runtime_costs(spec: InferenceServiceSpec, runtime: RuntimeCosts) -> RuntimeCosts:
+    """The runtime's constants, on the GPU device-memory ones for GPU specs, with the spec's overhead."""
+    costs = GPU_RUNTIME if spec.uses_gpu else runtime
+    if spec.runtime.memory_overhead is not None:
+        overhead = parse_quantity(spec.runtime.memory_overhead, "runtime.memoryOverhead")
+        costs = replace(costs, baseline_bytes=round(overhead))
+    return costs
+
+
+def estimate_peak(spec: InferenceServiceSpec, costs: RuntimeCosts) -> MemoryEstimate:
+    """The pod's peak with its queue full, for `spec` as it stands (threads and queue bound re-derived)."""
+    cpus, _ = cpu_budget(spec)
+    threads = plan_threads(cpus, spec.instances, spec.threads.intra_op, spec.threads.inter_op)
+    model = ModelCosts(
+        weight_bytes=spec.model.profile.weight_bytes,
+        activation_bytes_per_sample=spec.model.profile.activation_bytes_per_sample,
+        io_bytes_per_sample=sum(t.as_tensor_spec().bytes_per_sample for t in (*spec.model.inputs, *spec.model.outputs)),
+    )
+    shape = ServingShape(spec.instances, spec.batching.max_batch_size, queue_bound(spec, threads).size)
+    return estimate_memory(model, shape, costs)
+
+
+def memory_fit(spec: InferenceServiceSpec, costs: RuntimeCosts) -> MemoryFit:
+    """The peak estimate against the memory limit (CPU) or gpu.memory (GPU), with the largest batch size and
+    instance count that fit: each found by re-estimating the changed spec, so a suggested fix passes."""
+    estimate = estimate_peak(spec, costs)
     if spec.uses_gpu:
         if spec.gpu is None:
-            return MemoryFit(required, None, "gpu.memory is not set")
+            return MemoryFit(estimate, None, "gpu.memory is not set")
         available, against = parse_quantity(spec.gpu.memory, "gpu.memory"), "of GPU memory (gpu.memory)"
     elif "memory" in spec.resources.limits:
         available = parse_quantity(spec.resources.limits["memory"], "resources.limits.memory")
         against = "of memory (resources.limits.memory)"
     else:
-        return MemoryFit(required, None, "resources.limits.memory is not set")
-    max_batch = math.floor((available - weights * instances) / (activations * instances)) if activations else None
-    max_instances = math.floor(available / (weights + activations * batch)) if weights + activations else None
-    return MemoryFit(
-        required_bytes=required,
-        available_bytes=available,
-        against=against,
-        max_batch_size=max_batch if max_batch and max_batch >= 1 else None,
-        max_instances=max_instances if max_instances and max_instances >= 1 else None,
-    )
+        return MemoryFit(estimate, None, "resources.limits.memory is not set")
+
+    def fits(**changes: Any) -> bool:
+        return estimate_peak(_changed(spec, **changes), costs).total <= available
+
+    max_batch = next((b for b in range(spec.batching.max_batch_size - 1, 0, -1) if fits(max_batch_size=b)), None)
+    max_instances = next((n for n in range(spec.instances - 1, 0, -1) if fits(instances=n)), None)
+    return MemoryFit(estimate, available, against, max_batch_size=max_batch, max_instances=max_instances)
+
+
+def _changed(spec: InferenceServiceSpec, max_batch_size: int | None = None, instances: int | None = None) -> Any:
+    batching = spec.batching.model_copy(update={"max_batch_size": max_batch_size or spec.batching.max_batch_size})
+    return spec.model_copy(update={"batching": batching, "instances": instances or spec.instances})

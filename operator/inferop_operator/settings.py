@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from inferop.memory import CONTAINER_RUNTIME, RuntimeCosts
+from inferop.quantity import format_bytes, parse_quantity
 
 
 class OperatorSettings(BaseSettings):
@@ -20,3 +24,23 @@ class OperatorSettings(BaseSettings):
     )
     log_format: Literal["plain", "json"] = Field(default="plain", description="json in-cluster, plain on a terminal.")
     field_manager: str = Field(default="inferop", description="Server-side apply field manager of every child.")
+    runtime_memory_overhead: str = Field(
+        default=format_bytes(CONTAINER_RUNTIME.baseline_bytes),
+        description=(
+            "Memory of the Triton process before any model is loaded, for the memory fit (a quantity). The "
+            "default was not measured (no container engine where inferop is developed) and is generous; "
+            "measure your image and set it, or set runtime.memoryOverhead per InferenceService."
+        ),
+    )
+
+    @field_validator("runtime_memory_overhead")
+    @classmethod
+    def _quantity(cls, value: str) -> str:
+        if parse_quantity(value, "INFEROP_RUNTIME_MEMORY_OVERHEAD") < 0:
+            raise ValueError(f"INFEROP_RUNTIME_MEMORY_OVERHEAD: {value!r} must not be negative")
+        return value
+
+    def runtime_costs(self) -> RuntimeCosts:
+        """The container runtime's memory constants with this overhead as the baseline."""
+        overhead = parse_quantity(self.runtime_memory_overhead, "INFEROP_RUNTIME_MEMORY_OVERHEAD")
+        return replace(CONTAINER_RUNTIME, baseline_bytes=round(overhead))

@@ -52,6 +52,15 @@ class Profile(Section):
     activation_bytes_per_sample: int = Field(
         ge=0, description="Peak bytes of intermediate tensors alive at once for one sample."
     )
+    samples_per_cpu_second: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Capacity measured by inferop export: samples one CPU runs per second at the largest batch "
+            "(ONNX Runtime, one thread). The default queue bound is derived from it; unset means unknown "
+            "capacity (see batching.maxQueueSize)."
+        ),
+    )
 
 
 class Tensor(Section):
@@ -112,6 +121,20 @@ class Runtime(Section):
     """The serving container."""
 
     image: str | None = Field(default=None, description="Triton image; default from the operator's settings.")
+    memory_overhead: Quantity | None = Field(
+        default=None,
+        description=(
+            "Memory the Triton process takes before any model is loaded, for the memory-fit check; default "
+            "from the operator's setting INFEROP_RUNTIME_MEMORY_OVERHEAD. Measure your image and set it here."
+        ),
+    )
+
+    @field_validator("memory_overhead")
+    @classmethod
+    def _overhead(cls, value: int | str | None) -> int | str | None:
+        if value is not None and parse_quantity(value, "runtime.memoryOverhead") < 0:
+            raise ValueError(f"{value!r} must not be negative")
+        return value
 
 
 class Resources(Section):
@@ -150,8 +173,17 @@ class Batching(Section):
     max_queue_delay_microseconds: int = Field(
         default=2000, ge=0, le=10_000_000, description="How long a request may wait for others to batch with."
     )
-    max_queue_size: int = Field(
-        default=64, ge=1, le=1_000_000, description="Requests queued per model before new ones are rejected."
+    max_queue_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Requests queued per model before new ones are rejected. Unset: derived by Little's law so that an "
+            "accepted request is answered within half of timeouts.requestSeconds: capacity x requestSeconds / 2 "
+            "less three rounds of batches (instances x maxBatchSize each), capacity being "
+            "model.profile.samplesPerCpuSecond x the CPUs the threads use; requests are taken as one sample "
+            "each. With no measured capacity: 2 x maxBatchSize x instances, and the status warns."
+        ),
     )
 
 

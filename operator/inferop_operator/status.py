@@ -84,6 +84,11 @@ def plan_status(service: Service) -> dict[str, Any]:
             "interOp": threads.inter_op,
             "summary": f"{threads.instances}x({threads.intra_op}+{threads.inter_op})/{threads.cpu_slots}cpu",
         },
+        "queue": {
+            "maxQueueSize": plan.queue.size,
+            "source": plan.queue.source,
+            **({"capacitySamplesPerSecond": round(plan.queue.capacity, 3)} if plan.queue.capacity else {}),
+        },
         "memory": {
             "requiredBytes": memory.required_bytes,
             **({"availableBytes": int(memory.available_bytes)} if memory.available_bytes is not None else {}),
@@ -124,9 +129,9 @@ def deployed_status(
         )
     memory = service.plan.memory
     memory_condition = (
-        condition("MemoryFit", True, "Fits", memory.explain(service.spec))
+        condition("MemoryFit", True, "Fits", memory.explain())
         if memory.available_bytes is not None
-        else condition("MemoryFit", None, "NotChecked", memory.explain(service.spec))
+        else condition("MemoryFit", None, "NotChecked", memory.explain())
     )
     return {
         "phase": "Ready" if ready_condition["status"] == "True" else "Progressing",

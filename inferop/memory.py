@@ -1,0 +1,143 @@
+"""How much memory a served model takes at its peak: the estimate the memory fit and its fixes rest on.
+
+The peak of a Triton pod is more than weights and activations. Measured with the local runtime inside a
+memory cgroup (`make field` re-measures it and prints the error of every estimate), it is:
+
+    runtime baseline
+    + instances x (instance overhead + weight factor x weight bytes)
+    + instances x activation factor x activation bytes per sample x maxBatchSize
+    + in flight: (queue bound + instances x maxBatchSize) x (buffer factor x tensor bytes + request bytes)
+
+The last term only while the queue is full ("saturated"); idle, the warm-up at the largest batch has already
+grown the activation arena. The estimate covers the memory the kernel cannot reclaim: anonymous and shared
+memory. File pages (libraries, the model file) are reclaimable and are charged to whichever cgroup read them
+first, so measurements start from a warm page cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferop.quantity import format_bytes
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class RuntimeCosts:
+    """The constants of one serving runtime, and where they were measured."""
+
+    name: str
+    baseline_bytes: int  # the server with nothing loaded
+    instance_bytes: int  # each model instance before its weights: a process or a session
+    weight_factor: float  # resident bytes per byte of weights (ONNX Runtime keeps initializers and prepacked copies)
+    activation_factor: float  # arena bytes per byte of the profile's peak live activations
+    buffer_factor: float  # resident copies of each request and response tensor in flight
+    request_bytes: int  # each request in flight beyond its tensors: its connection and Triton's request object
+    measured: str
+
+
+# Measured 2026-11-30 with the local runtime (tritonserver 2.51, python backend, ONNX Runtime 1.32, one
+# intra-op thread, memory pattern off) in a cgroup v1 memory controller, over both networks x instances 1, 2
+# x maxBatchSize 1, 8, 32, idle and saturated (a queue of 64 batch-1 requests): least squares on the idle
+# peaks, then the buffer factor on saturated minus idle. Worst error of the fit 14%. `scripts/field.py
+# --drills memory --calibrate` measures the grid again and prints the constants it fits.
+LOCAL_RUNTIME = RuntimeCosts(
+    name="local",
+    baseline_bytes=15 * MiB,
+    instance_bytes=32 * MiB,  # each instance is a python stub process with numpy and ONNX Runtime loaded
+    weight_factor=1.8,
+    activation_factor=1.5,
+    buffer_factor=1.2,
+    request_bytes=14_800,
+    measured="inferop serve (python backend) in a memory cgroup, 2026-11-30",
+)
+
+# NVIDIA's container runs ONNX Runtime inside the server process, so an instance is a session, not a process.
+# Its baseline cannot be measured here (no container engine): the default is deliberately generous and is
+# overridden by the operator's INFEROP_RUNTIME_MEMORY_OVERHEAD or an InferenceService's runtime.memoryOverhead.
+# The per-byte factors are ONNX Runtime's own and were measured with the local runtime.
+CONTAINER_RUNTIME = RuntimeCosts(
+    name="container",
+    baseline_bytes=512 * MiB,
+    instance_bytes=16 * MiB,
+    weight_factor=LOCAL_RUNTIME.weight_factor,
+    activation_factor=LOCAL_RUNTIME.activation_factor,
+    buffer_factor=2.0,  # the HTTP frontend's copy and the backend's input tensor
+    request_bytes=LOCAL_RUNTIME.request_bytes,  # the same tritonserver frontend
+    measured="baseline not measured (container image); factors from the local runtime",
+)
+
+
+# Device memory of a GPU instance group: the CUDA context and ONNX Runtime's CUDA arena. Not measured here (no
+# GPU on our machines): `scripts/gpu-check.sh` measures it where a GPU exists; override with runtime.memoryOverhead.
+GPU_RUNTIME = RuntimeCosts(
+    name="gpu",
+    baseline_bytes=512 * MiB,  # CUDA context and cuDNN/cuBLAS workspaces
+    instance_bytes=64 * MiB,
+    weight_factor=1.0,
+    activation_factor=2.0,  # the CUDA arena grows in powers of two (kNextPowerOfTwo)
+    buffer_factor=0.0,  # requests wait in host memory, not on the device
+    request_bytes=0,
+    measured="not measured: defaults for a GPU, see scripts/gpu-check.sh",
+)
+
+
+@dataclass(frozen=True)
+class ModelCosts:
+    """What the export's profile says about one model, per sample where it scales with the batch."""
+
+    weight_bytes: int
+    activation_bytes_per_sample: int
+    io_bytes_per_sample: int  # inputs + outputs of one sample
+
+
+@dataclass(frozen=True)
+class ServingShape:
+    """The settings the peak scales with."""
+
+    instances: int
+    max_batch_size: int
+    queue_bound: int | None  # None: unbounded, so no estimate holds under overload
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    baseline: int
+    instances: int
+    weights: int
+    activations: int
+    in_flight: int
+    unbounded: bool  # the queue has no bound: in-flight memory grows with the load
+
+    @property
+    def total(self) -> int:
+        return self.baseline + self.instances + self.weights + self.activations + self.in_flight
+
+    def explain(self) -> str:
+        parts = [
+            f"{format_bytes(self.baseline)} runtime",
+            f"{format_bytes(self.instances)} instances",
+            f"{format_bytes(self.weights)} weights",
+            f"{format_bytes(self.activations)} activations",
+            f"{format_bytes(self.in_flight)} in-flight requests" + (" (queue unbounded)" if self.unbounded else ""),
+        ]
+        return f"{' + '.join(parts)} = {format_bytes(self.total)}"
+
+
+def estimate_memory(
+    model: ModelCosts, shape: ServingShape, costs: RuntimeCosts, saturated: bool = True
+) -> MemoryEstimate:
+    """The peak of one pod (saturated: its queue full), or its level once models are loaded and warm (idle)."""
+    n, batch = shape.instances, shape.max_batch_size
+    queued = shape.queue_bound or 0
+    per_request = model.io_bytes_per_sample * costs.buffer_factor + costs.request_bytes
+    in_flight = (queued + n * batch) * per_request if saturated else 0
+    return MemoryEstimate(
+        baseline=costs.baseline_bytes,
+        instances=n * costs.instance_bytes,
+        weights=round(n * model.weight_bytes * costs.weight_factor),
+        activations=round(n * batch * model.activation_bytes_per_sample * costs.activation_factor),
+        in_flight=round(in_flight),
+        unbounded=saturated and shape.queue_bound is None,
+    )
