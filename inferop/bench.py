@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from inferop.client import InferError, ModelInfo, call, connect, describe
+from inferop.limits import describe_usage, parse_cpu_list, read_pod_usage
 from inferop.openloop import MAX_RATE
 
 
@@ -231,13 +232,10 @@ def _timeout(text: str) -> float:
 
 def _cpuset(text: str) -> set[int]:
     """A cpuset list like the kernel's: `0`, `0-1`, `0,2-3`."""
-    cpus: set[int] = set()
     try:
-        for part in text.split(","):
-            first, _, last = part.partition("-")
-            cpus.update(range(int(first), int(last or first) + 1))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected CPU numbers like 0 or 0-1,3") from None
+        cpus = parse_cpu_list(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}; expected CPU numbers like 0 or 0-1,3") from None
     allowed = os.sched_getaffinity(0)
     if not cpus or not cpus <= allowed:
         raise argparse.ArgumentTypeError(f"{text!r}: this process may run on CPUs {sorted(allowed)} only")
@@ -270,14 +268,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     open_loop.add_argument(
         "--memory-cgroup",
         type=Path,
-        help="the server's cgroup directory (v1 memory or v2): its memory usage is sampled as server memory",
+        help="the server's cgroup directory (v1 memory or v2): its memory usage is sampled as server memory, "
+        "and its peak and OOM kills reported",
+    )
+    open_loop.add_argument(
+        "--cpu-cgroup", type=Path, help="the server's cgroup directory with cpu.stat: its throttled periods reported"
     )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.rate is not None:
         return run_offered_load(args)
-    for flag, value in (("--client-cpuset", args.client_cpuset), ("--memory-cgroup", args.memory_cgroup)):
+    for flag, value in (
+        ("--client-cpuset", args.client_cpuset),
+        ("--memory-cgroup", args.memory_cgroup),
+        ("--cpu-cgroup", args.cpu_cgroup),
+    ):
         if value is not None:
             print(f"error: {flag} needs --rate (open-loop load)", file=sys.stderr)
             return 2
@@ -350,12 +356,15 @@ def run_offered_load(args: argparse.Namespace) -> int:
         outputs=info.outputs,
         client_cpus=args.client_cpuset,
     )
+    pod = read_pod_usage(args.memory_cgroup, args.cpu_cgroup) if args.memory_cgroup is not None else None
     if args.plot:
         openloop.plot(result, args.plot)
     if args.json:
-        print(json.dumps(result.as_dict(), indent=2))
+        print(json.dumps({**result.as_dict(), "pod": pod}, indent=2))
     else:
         print(openloop.format_table(result))
+        if pod is not None:
+            print(f"server pod: {describe_usage(pod)}")
         if args.plot:
             print(f"plot: {args.plot}")
     for warning in result.warnings():

@@ -18,6 +18,10 @@ WAIT_SHARE_OF_TIMEOUT = 0.5
 # Batches also ahead of a queued request's answer: the one executing, its own, and one for the spread of
 # batch times (measured: with two, Inception V3's accepted p99 ran 9% past half its timeout at 2x load).
 ROUNDS_OF_BATCHES = 3
+# Most requests a derived bound queues. Each waiting request holds a connection and Triton's request object
+# (about 15 KiB measured, beyond its tensors), and for fast models Little's law allows thousands: the conv
+# net's 4,224 held 62 MiB, twelve times its weights, for no throughput. 1,024 are over a second of its work.
+MAX_DERIVED_QUEUE = 1024
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class QueueBound:
             )
         return (
             f"queue bound {self.size} = {self.capacity:.3g} samples/s x {timeout_seconds:g}s x "
-            f"{WAIT_SHARE_OF_TIMEOUT:g} less {ROUNDS_OF_BATCHES} rounds of batches"
+            f"{WAIT_SHARE_OF_TIMEOUT:g} less {ROUNDS_OF_BATCHES} rounds of batches, at most {MAX_DERIVED_QUEUE}"
         )
 
 
@@ -51,12 +55,13 @@ def pod_capacity(samples_per_cpu_second: float | None, threads: ThreadPlan) -> f
 def derive_queue_bound(
     capacity: float | None, timeout_seconds: float, instances: int, max_batch_size: int, requested: int | None = None
 ) -> QueueBound:
-    """The requested bound if set; else Little's law less the batches that are part of the wait too; never
-    below one full batch, so batches can still form. Unknown capacity: two rounds of batches."""
+    """The requested bound if set; else Little's law less the batches that are part of the wait too, at most
+    MAX_DERIVED_QUEUE, never below one full batch so batches can still form. Unknown capacity: two rounds."""
     if requested is not None:
         return QueueBound(requested, "spec", capacity)
     batch_round = instances * max_batch_size
     if capacity is None:
         return QueueBound(2 * batch_round, "unknown capacity", None)
     little = math.floor(capacity * timeout_seconds * WAIT_SHARE_OF_TIMEOUT)
-    return QueueBound(max(max_batch_size, little - ROUNDS_OF_BATCHES * batch_round), "capacity", capacity)
+    size = min(MAX_DERIVED_QUEUE, little - ROUNDS_OF_BATCHES * batch_round)
+    return QueueBound(max(max_batch_size, size), "capacity", capacity)

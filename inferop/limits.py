@@ -202,6 +202,30 @@ def describe_usage(usage: dict[str, float | int | str | None]) -> str:
     return text
 
 
+def read_pod_usage(memory_dir: Path, cpu_dir: Path | None = None) -> dict[str, float | int | str | None]:
+    """What a running pod's cgroup directories (as `inferop serve` prints them) measured so far, for a
+    client that did not create them; the version is told by the files each holds."""
+    v1 = (memory_dir / "memory.max_usage_in_bytes").is_file()
+    peak = memory_dir / ("memory.max_usage_in_bytes" if v1 else "memory.peak")
+    current = int((memory_dir / ("memory.usage_in_bytes" if v1 else "memory.current")).read_text())
+    usage: dict[str, float | int | str | None] = {
+        "memory_current_bytes": current,
+        "memory_peak_bytes": int(peak.read_text()) if peak.is_file() else current,
+        "oom_kills": oom_kills_from((memory_dir / ("memory.oom_control" if v1 else "memory.events")).read_text()),
+        "cgroup_version": 1 if v1 else 2,
+    }
+    if cpu_dir is not None:
+        text = (cpu_dir / "cpu.stat").read_text()
+        cpu = cpu_stats_from(text, 1 if "throttled_time" in text else 2)
+        usage |= {
+            "limit_cpus": True,  # throttling is what describe_usage shows where a quota exists
+            "cpu_periods": cpu["periods"],
+            "cpu_throttled_periods": cpu["throttled_periods"],
+            "cpu_throttled_seconds": cpu["throttled_seconds"],
+        }
+    return usage
+
+
 # --- finding a writable hierarchy ---
 
 

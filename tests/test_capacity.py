@@ -22,14 +22,16 @@ class TestDeriveQueueBound:
         # 8 samples/s x 10 s x 0.5 = 40 samples of wait, less 3 rounds of 1 instance x batch 8 = 16.
         bound = derive_queue_bound(8.0, 10.0, instances=1, max_batch_size=8)
         assert (bound.size, bound.source, bound.capacity) == (16, "capacity", 8.0)
-        assert bound.explain(10.0) == "queue bound 16 = 8 samples/s x 10s x 0.5 less 3 rounds of batches"
+        assert bound.explain(10.0) == (
+            "queue bound 16 = 8 samples/s x 10s x 0.5 less 3 rounds of batches, at most 1024"
+        )
 
     @pytest.mark.parametrize(
         ("capacity", "seconds", "instances", "batch", "size"),
         [
             (8.0, 10.0, 1, 8, 16),
             (32.0, 10.0, 2, 8, 160 - 48),  # the pod of the inception example: 4 CPUs
-            (5000.0, 2.0, 2, 16, 5000 - 96),  # the conv net: thousands of boards a second
+            (5000.0, 2.0, 2, 16, 1024),  # the conv net: thousands of boards a second, capped
             (8.5, 3.0, 1, 1, math.floor(12.75) - 3),  # Little's law rounds down: never more wait than allowed
         ],
     )

@@ -25,8 +25,8 @@ IMAGES = TensorSpec(name="images", dims=(3, 299, 299))
 LOGITS = TensorSpec(name="logits", dims=(1000,), label_filename="labels.txt")
 
 # Each served config carries the queue bound export writes next to the model; each profile the capacity it measured.
-# conv net, 1 CPU: 20000 samples/s x 10 s x 0.5 = 100000, less 3 rounds of 1 x 8.
-CONV_NET = ServingConfig(name="conv_net", inputs=(BOARD,), outputs=(POLICY, VALUE), max_queue_size=100_000 - 24)
+# conv net, 1 CPU: 20000 samples/s x 10 s x 0.5 = 100000, less 3 rounds of 1 x 8, capped at 1024.
+CONV_NET = ServingConfig(name="conv_net", inputs=(BOARD,), outputs=(POLICY, VALUE), max_queue_size=1024)
 CONV_NET_PROFILE = ModelProfile(
     parameters=1333843,
     macs_per_sample=74576712,
@@ -53,14 +53,14 @@ INCEPTION_PROFILE = ModelProfile(
     activation_bytes_per_sample=11063808,
     samples_per_cpu_second=8.0,
 )
-# 3 instances x 2 intra-op threads busy: 100 x 6 samples/s x 10 s x 0.5 = 3000, less 3 rounds of 3 x 64.
+# 3 instances x 2 intra-op threads busy: 100 x 6 samples/s x 10 s x 0.5 = 3000, less 3 rounds of 3 x 64, capped at 1024.
 WIDE = ServingConfig(
     name="Wide.Model",
     inputs=(BOARD,),
     outputs=(VALUE,),
     max_batch_size=64,
     instances=3,
-    max_queue_size=3000 - 576,
+    max_queue_size=1024,
     intra_op_threads=2,
     inter_op_threads=2,
 )

@@ -194,13 +194,14 @@ class TestBenchFlags:
             (["--rate", "10", "--seconds", "0"], "argument --seconds: 0 is not a positive number of seconds"),
             (["--rate", "10", "--timeout", "-2"], "argument --timeout: -2: expected seconds, or 0 for no"),
             (["--rate", "10", "--arrivals", "burst"], "argument --arrivals: invalid choice: 'burst'"),
-            (["--rate", "10", "--client-cpuset", "x"], "argument --client-cpuset: 'x': expected CPU numbers"),
+            (["--rate", "10", "--client-cpuset", "x"], "argument --client-cpuset: 'x': 'x' is not a CPU number"),
             (["--rate", "10", "--client-cpuset", "4096"], "argument --client-cpuset: '4096': this process may run"),
             (["--rate", "10", "--concurrency", "4"], "--concurrency 4 cannot be combined with --rate"),
             (["--rate", "10", "--memory-cgroup", "/nonexistent"], "--memory-cgroup /nonexistent: /nonexistent has"),
             (["--seconds", "0"], "argument --seconds: 0 is not a positive"),
             (["--timeout", "0"], "--timeout 0 (no client timeout) needs --rate"),
             (["--client-cpuset", "0"], "--client-cpuset needs --rate"),
+            (["--cpu-cgroup", "/sys"], "--cpu-cgroup needs --rate"),
         ],
     )
     def test_bad_input_names_the_flag_and_exits_2(
@@ -295,16 +296,22 @@ class TestAgainstTriton:
     def test_bench_command_json_plot_and_cgroup_memory(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        cgroup = tmp_path / "cgroup"
+        cgroup = tmp_path / "cgroup"  # a v2 pod's directory, as `inferop serve --memory --cpus` prints it
         cgroup.mkdir()
         (cgroup / "memory.current").write_text(f"{300 * 2**20}\n")
+        (cgroup / "memory.peak").write_text(f"{400 * 2**20}\n")
+        (cgroup / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+        (cgroup / "cpu.stat").write_text("usage_usec 9\nnr_periods 50\nnr_throttled 7\nthrottled_usec 350000\n")
         png = tmp_path / "load.png"
         argv = ["bench", "--url", self.url, "--model", "conv_net", "--rate", "20", "--seconds", "1"]
         argv += ["--arrivals", "fixed", "--json", "--plot", str(png), "--memory-cgroup", str(cgroup)]
-        assert main(argv) == 0
+        assert main([*argv, "--cpu-cgroup", str(cgroup)]) == 0
         answer = json.loads(capsys.readouterr().out)
         assert (answer["sent"], answer["ok"], answer["rate"], answer["process"]) == (20, 20, 20.0, "fixed")
         assert {used for _, used in answer["memory"]} == {300 * 2**20}
+        pod = answer["pod"]
+        assert (pod["memory_peak_bytes"], pod["oom_kills"], pod["cgroup_version"]) == (400 * 2**20, 1, 2)
+        assert (pod["cpu_periods"], pod["cpu_throttled_periods"], pod["cpu_throttled_seconds"]) == (50, 7, 0.35)
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     def test_bench_command_table(self, capsys: pytest.CaptureFixture[str]) -> None:

@@ -47,3 +47,14 @@ def test_session_options_follow_the_config(
     # Spinning is left to ONNX Runtime, as NVIDIA's backend leaves it (it has no setting for it).
     with pytest.raises(RuntimeError, match="does not have configuration"):
         options.get_session_config_entry("session.intra_op.allow_spinning")
+
+
+@pytest.mark.parametrize(
+    ("parameters", "arena", "pattern"),
+    [({}, True, True), ({"enable_mem_pattern": "0"}, True, False), ({"enable_mem_arena": "false"}, False, True)],
+)
+def test_memory_switches_follow_the_config(
+    model_module: ModuleType, parameters: dict[str, str], arena: bool, pattern: bool
+) -> None:
+    options = model_module.session_options(parameters)
+    assert (options.enable_cpu_mem_arena, options.enable_mem_pattern) == (arena, pattern)

@@ -22,7 +22,8 @@ def session_options(parameters):
     """SessionOptions from the config's `parameters` (the ONNX Runtime backend's names)."""
     options = ort.SessionOptions()
     # As in NVIDIA's ONNX Runtime backend: an absent or zero count leaves ONNX Runtime's default, a thread
-    # per physical core of the machine, whatever the pod's CPU limit.
+    # per physical core of the machine, whatever the pod's CPU limit. Idle pool threads spin, as there: the
+    # backend has no setting for it.
     options.intra_op_num_threads = int(parameters.get("intra_op_thread_count", "0"))
     options.inter_op_num_threads = int(parameters.get("inter_op_thread_count", "0"))
     if parameters.get("execution_mode", "0") == "1":

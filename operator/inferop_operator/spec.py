@@ -180,7 +180,7 @@ class Batching(Section):
         description=(
             "Requests queued per model before new ones are rejected. Unset: derived by Little's law so that an "
             "accepted request is answered within half of timeouts.requestSeconds: capacity x requestSeconds / 2 "
-            "less three rounds of batches (instances x maxBatchSize each), capacity being "
+            "less three rounds of batches (instances x maxBatchSize each), at most 1024, capacity being "
             "model.profile.samplesPerCpuSecond x the CPUs the threads use; requests are taken as one sample "
             "each. With no measured capacity: 2 x maxBatchSize x instances, and the status warns."
         ),
