@@ -33,7 +33,7 @@ import yaml
 from inferop import bench
 from inferop.cli import main as inferop
 from inferop.limits import PodLimits, cgroup_unavailable_reason
-from inferop.memory import LOCAL_RUNTIME, ModelCosts, ServingShape, estimate_memory
+from inferop.memory import LOCAL_RUNTIME, ServingShape, estimate_memory
 from inferop.openloop import OpenLoopResult, generator_process, run_open_loop
 from inferop.openloop import plot as plot_open_loop
 from inferop.paths import repo_root
@@ -42,7 +42,7 @@ from inferop.serving.localrepo import write_model_repo
 from inferop.serving.tritonserver import ServerError, TritonServer, free_port
 from inferop.threads import local_cpus
 from inferop.tritonconfig import ServingConfig
-from inferop_operator.plan import Refusal, plan_service
+from inferop_operator.plan import Refusal, model_costs, plan_service
 from inferop_operator.spec import InferenceServiceSpec, parse_spec
 
 ROOT = repo_root()
@@ -324,14 +324,6 @@ def drill_overload(machine: Machine, seconds: float = 60.0) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- drill c
 
 
-def model_costs(spec: InferenceServiceSpec) -> ModelCosts:
-    return ModelCosts(
-        weight_bytes=spec.model.profile.weight_bytes,
-        activation_bytes_per_sample=spec.model.profile.activation_bytes_per_sample,
-        io_bytes_per_sample=sum(t.as_tensor_spec().bytes_per_sample for t in (*spec.model.inputs, *spec.model.outputs)),
-    )
-
-
 def saturate(server: TritonServer, serving: ServingConfig, spec: InferenceServiceSpec, machine: Machine) -> None:
     """Fill the queue: open-loop arrivals at three times the capacity (capped at what the generator sends)."""
     capacity = (spec.model.profile.samples_per_cpu_second or 10.0) * serving.instances
@@ -434,15 +426,17 @@ def calibrate(grid: list[dict[str, Any]], machine_note: str) -> dict[str, Any]:
         if row["state"] == "saturated":
             costs = model_costs(specs[row["network"]])
             key = (row["network"], row["instances"], row["max_batch_size"])
+            requests = row["queue_bound"] + row["instances"] * row["max_batch_size"]
             extra.append(row["measured_bytes"] - pairs[key])
-            held.append((row["queue_bound"] + row["instances"] * row["max_batch_size"]) * costs.io_bytes_per_sample)
-    buffer_factor = float(np.dot(extra, held) / np.dot(held, held))
+            held.append([requests * costs.io_bytes_per_sample, requests])
+    (buffer_factor, request_bytes), *_ = np.linalg.lstsq(np.array(held, float), np.array(extra, float), rcond=None)
     return {
         "baseline_bytes": int(solution[0]),
         "instance_bytes": int(solution[1]),
         "weight_factor": round(float(solution[2]), 3),
         "activation_factor": round(float(solution[3]), 3),
-        "buffer_factor": round(buffer_factor, 3),
+        "buffer_factor": round(float(buffer_factor), 3),
+        "request_bytes": int(request_bytes),
         "measured": machine_note,
     }
 

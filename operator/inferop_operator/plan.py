@@ -157,13 +157,17 @@ def estimate_peak(spec: InferenceServiceSpec, costs: RuntimeCosts) -> MemoryEsti
     """The pod's peak with its queue full, for `spec` as it stands (threads and queue bound re-derived)."""
     cpus, _ = cpu_budget(spec)
     threads = plan_threads(cpus, spec.instances, spec.threads.intra_op, spec.threads.inter_op)
-    model = ModelCosts(
+    shape = ServingShape(spec.instances, spec.batching.max_batch_size, queue_bound(spec, threads).size)
+    return estimate_memory(model_costs(spec), shape, costs)
+
+
+def model_costs(spec: InferenceServiceSpec) -> ModelCosts:
+    """What the memory estimate needs of the model: its profile and the bytes of its tensors per sample."""
+    return ModelCosts(
         weight_bytes=spec.model.profile.weight_bytes,
         activation_bytes_per_sample=spec.model.profile.activation_bytes_per_sample,
         io_bytes_per_sample=sum(t.as_tensor_spec().bytes_per_sample for t in (*spec.model.inputs, *spec.model.outputs)),
     )
-    shape = ServingShape(spec.instances, spec.batching.max_batch_size, queue_bound(spec, threads).size)
-    return estimate_memory(model, shape, costs)
 
 
 def memory_fit(spec: InferenceServiceSpec, costs: RuntimeCosts) -> MemoryFit:
