@@ -581,6 +581,64 @@ def drill_hang(machine: Machine) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- report
 
 
+def plot_drill(name: str, drill: dict[str, Any]) -> str | None:
+    """A PNG of what the drill's table says (overload's timelines are drawn per run); returns its file name."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    if name == "threads":
+        labels = [f"{network}\n{label}" for network in NETWORKS for label in ("naive", "inferop")]
+        ratios = [
+            drill[n][label]["throughput"] / drill[n]["naive"]["throughput"]
+            for n in NETWORKS
+            for label in ("naive", "inferop")
+        ]
+        axis.bar(labels, ratios, color=["grey", "tab:blue"] * len(NETWORKS))
+        axis.set_ylabel("throughput, naive = 1")
+        axis.set_title("4 copies with default threads against the operator's plan, 1-CPU pod")
+    elif name == "memory":
+        for state, marker in (("idle", "o"), ("saturated", "s")):
+            rows = [row for row in drill["grid"] if row["state"] == state]
+            axis.scatter(
+                [row["measured_bytes"] / MiB for row in rows], [row["estimate_bytes"] / MiB for row in rows],
+                marker=marker, label=state,
+            )  # fmt: skip
+        top = max(row["measured_bytes"] for row in drill["grid"]) / MiB * 1.1
+        axis.plot([0, top], [0, top], color="black", linewidth=0.8, label="estimate = measured")
+        axis.fill_between([0, top], [0, 0.75 * top], [0, 1.25 * top], color="grey", alpha=0.2, label="+-25%")
+        axis.set_xlabel("measured peak (MiB)")
+        axis.set_ylabel("estimate (MiB)")
+        axis.set_title("memory model against the cgroup's measured peak")
+    elif name == "hang":
+        healthy = drill["stall"]["healthy"]
+        for label in ("naive", "inferop"):
+            rows = drill[label]["metrics"]
+            axis.plot(
+                [r["t"] for r in rows],
+                [r["nv_inference_pending_request_count"] for r in rows],
+                label=f"{label}: pending",
+            )
+        fired = drill["inferop"]["alert_fired_after_seconds"]
+        axis.axvline(healthy, color="red", linestyle=":", label="stall begins")
+        if fired is not None:
+            axis.axvline(healthy + fired, color="black", linestyle="--", label="InferopQueueStalled fires")
+        axis.set_xlabel("seconds")
+        axis.set_ylabel("requests pending in Triton")
+        axis.set_title("a stalled model: pending requests, and the alert")
+    else:
+        plt.close(figure)
+        return None
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(OUT / f"{name}.png", dpi=110)
+    plt.close(figure)
+    return f"{name}.png"
+
+
 def report(results: dict[str, Any], seconds: float) -> str:
     lines = [
         "# Field drills",
@@ -593,6 +651,7 @@ def report(results: dict[str, Any], seconds: float) -> str:
     ]
     for name, drill in results.items():
         lines.append(f"| {name} | {drill['goal']['text']} | {verdict(drill['goal']['met'])} |")
+    lines += ["", *[f"![{name}]({drill['plot']})" for name, drill in results.items() if drill.get("plot")]]
     if "threads" in results:
         lines += ["", "## a. threads (field report 000)", "", "| network | deployment | config | samples/s | p99 ms |"]
         lines.append("|---|---|---|---|---|")
@@ -698,6 +757,7 @@ def main() -> int:
     for name in chosen:
         print(f"=== drill {name}", flush=True)
         results[name] = DRILLS[name](machine)
+        results[name]["plot"] = plot_drill(name, results[name])
         (OUT / f"{name}.json").write_text(json.dumps(results[name], indent=2, default=str))
     if args.calibrate and "memory" in results:
         constants = calibrate(results["memory"]["grid"], f"make field, {time.strftime('%Y-%m-%d')}")
