@@ -67,6 +67,23 @@ class TestExportConvNet:
         assert [list(i.dims) for i in config.input] == [[1, 6, 5]]
         assert [(o.name, list(o.dims)) for o in config.output] == [("policy", [5]), ("value", [1])]
 
+    def test_measures_capacity_and_derives_the_queue_bound_from_it(
+        self, exported: tuple[subprocess.CompletedProcess[str], Path], report: dict[str, Any]
+    ) -> None:
+        """No --max-queue-size: the bound in config.pbtxt is Little's law on the capacity export measured."""
+        from inferop.capacity import derive_queue_bound, pod_capacity
+        from inferop.threads import local_cpus, plan_threads
+
+        _, repo = exported
+        rate = report["profile"]["samples_per_cpu_second"]
+        assert rate > 0
+        serving = report["serving"]
+        threads = plan_threads(local_cpus(), 1, serving["intra_op_threads"], serving["inter_op_threads"])
+        expected = derive_queue_bound(pod_capacity(rate, threads), 10.0, instances=1, max_batch_size=4)
+        assert expected.source == "capacity"
+        config = parse_model_config((repo / "conv_net" / "config.pbtxt").read_text())
+        assert config.dynamic_batching.default_queue_policy.max_queue_size == expected.size == serving["max_queue_size"]
+
     def test_json_mode_keeps_progress_off_stdout(self, exported: tuple[subprocess.CompletedProcess[str], Path]) -> None:
         result, _ = exported
         assert result.stdout.lstrip().startswith("{")
