@@ -22,6 +22,7 @@ class ThreadPlan:
     instances: int
     intra_op: int
     inter_op: int
+    requested: tuple[int | None, int | None] = (None, None)  # intra- and inter-op as asked; None: derived
 
     @property
     def cpu_slots(self) -> int:
@@ -45,13 +46,22 @@ class ThreadPlan:
 
 
 def plan_threads(cpus: float, instances: int, intra_op: int | None = None, inter_op: int | None = None) -> ThreadPlan:
-    """Fill unset thread counts from the budget: intra-op = max(1, floor(CPUs / instances)), inter-op = 1."""
+    """Fill unset thread counts from the budget: inter-op = 1, intra-op = max(1, floor(CPUs / instances) less
+    the inter-op pool's extra threads)."""
     if cpus <= 0:
         raise ValueError(f"cpus must be > 0, got {cpus}")
     if instances < 1:
         raise ValueError(f"instances must be >= 1, got {instances}")
-    default_intra = max(1, math.floor(cpus / instances))
-    return ThreadPlan(cpus=cpus, instances=instances, intra_op=intra_op or default_intra, inter_op=inter_op or 1)
+    inter = inter_op or 1
+    # The inter-op pool's extra threads come out of the instance's share, or they would oversubscribe it.
+    default_intra = max(1, math.floor(cpus / instances) - (inter - 1))
+    return ThreadPlan(
+        cpus=cpus,
+        instances=instances,
+        intra_op=intra_op or default_intra,
+        inter_op=inter,
+        requested=(intra_op, inter_op),
+    )
 
 
 def check_budget(plan: ThreadPlan, allow_oversubscription: bool = False) -> ThreadPlan:
@@ -61,10 +71,16 @@ def check_budget(plan: ThreadPlan, allow_oversubscription: bool = False) -> Thre
         fixes = []
         if not fitting.oversubscribed and (fitting.intra_op, fitting.inter_op) != (plan.intra_op, plan.inter_op):
             fixes.append(f"set threads.intraOp={fitting.intra_op} and threads.interOp=1")
-        if plan.instances > plan.cpu_slots:
-            fixes.append(f"lower instances to {plan.cpu_slots}")
+        # Re-planned with the threads as asked: derived counts grow as instances fall, so the fix must fit then.
+        fewer = (plan_threads(plan.cpus, n, *plan.requested) for n in range(plan.instances - 1, 0, -1))
+        most = next((candidate for candidate in fewer if not candidate.oversubscribed), None)
+        if most is not None:
+            fixes.append(f"lower instances to {most.instances}")
+        # The same re-planning for more CPUs: the smallest limit at which the threads as asked fit.
+        limits = range(plan.cpu_slots + 1, max(plan.threads, plan.instances * plan.inter_op) + 1)
+        enough = next(c for c in limits if not plan_threads(c, plan.instances, *plan.requested).oversubscribed)
         fixes += [
-            f"raise the CPU limit to {plan.threads}",
+            f"raise the CPU limit to {enough}",
             "set threads.allowOversubscription=true to accept the slowdown",
         ]
         raise OversubscribedError(f"thread budget exceeded: {plan.explain()}. Fix: {', or '.join(fixes)}")

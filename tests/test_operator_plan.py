@@ -163,6 +163,35 @@ class TestThreads:
         assert "threads.allowOversubscription=true" in refused.message
         assert str(refused) == refused.message
 
+    @pytest.mark.parametrize(
+        ("cpu", "instances", "threads"),
+        [
+            ("2", 4, {"intraOp": 2}),  # the refused example: 4 x 2 threads on 2 CPUs
+            ("2", 3, {}),
+            ("4", 3, {"intraOp": 2, "interOp": 2}),
+            ("1.5", 2, {"intraOp": 2}),
+            ("8", 16, {"interOp": 3}),
+            ("500m", 1, {"intraOp": 2}),
+        ],
+    )
+    def test_every_suggested_fix_passes_on_its_own(self, cpu: str, instances: int, threads: dict[str, int]) -> None:
+        raw = raw_spec(resources={"limits": {"cpu": cpu}}, instances=instances, threads=threads)
+        fixes = refusal(raw).message.split(". Fix: ", 1)[1].split(", or ")
+        assert fixes
+        for fix in fixes:
+            changed = copy.deepcopy(raw)
+            if match := re.fullmatch(r"set threads\.intraOp=(\d+) and threads\.interOp=1", fix):
+                changed["threads"] = {**threads, "intraOp": int(match.group(1)), "interOp": 1}
+            elif match := re.fullmatch(r"lower instances to (\d+)", fix):
+                changed["instances"] = int(match.group(1))
+            elif match := re.fullmatch(r"raise the CPU limit to (\d+)", fix):
+                changed["resources"] = {"limits": {"cpu": match.group(1)}}
+            elif fix == "set threads.allowOversubscription=true to accept the slowdown":
+                changed["threads"] = {**threads, "allowOversubscription": True}
+            else:
+                pytest.fail(f"not a fix a user can apply: {fix!r}")
+            assert not plan(changed).threads.oversubscribed or fix.startswith("set threads.allowOversubscription"), fix
+
     def test_instances_beyond_the_cpus_are_refused_by_default(self) -> None:
         refused = refusal(raw_spec(resources={"limits": {"cpu": "2"}}, instances=3))
         assert refused.condition == "ThreadBudget"

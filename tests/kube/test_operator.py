@@ -114,7 +114,7 @@ class TestRefusals:
         )
         assert (budget["status"], budget["reason"]) == ("False", "Oversubscribed")
         assert "4 instance(s) x (2 intra-op + 1 inter-op - 1) = 8 threads on 2 CPU(s)" in budget["message"]
-        assert "lower instances to 2" in budget["message"]
+        assert "lower instances to 1" in budget["message"]  # 1 x (2 + 1 - 1) = 2 threads fit 2 CPUs
         service = kubectl.get("infsvc", "oversubscribed", namespace)
         assert service is not None and service["status"]["phase"] == "Failed"
         events = wait_for(lambda: _events(kubectl, namespace, "Oversubscribed"), what="Warning event")
