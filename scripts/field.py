@@ -21,7 +21,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -131,19 +130,12 @@ def pod(serving: ServingConfig, limits: PodLimits, env: dict[str, str] | None = 
     """A tritonserver serving `serving` (the exported model.onnx, this config) inside a pod-sized cgroup."""
     work = Path(tempfile.mkdtemp(prefix="inferop-field-"))
     write_model_repo(serving, REPO / serving.name, work / "repo")
-    saved = {key: os.environ.get(key) for key in env or {}}
-    os.environ.update(env or {})
-    server = TritonServer(work / "repo", http_port=free_port(), limits=limits)
+    server = TritonServer(work / "repo", http_port=free_port(), limits=limits, env=env or {})
     try:
         server.start(timeout=300)
         yield server
     finally:
         server.stop()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -326,7 +318,9 @@ def drill_overload(machine: Machine, seconds: float = 60.0) -> dict[str, Any]:
 
 def saturate(server: TritonServer, serving: ServingConfig, spec: InferenceServiceSpec, machine: Machine) -> None:
     """Fill the queue: open-loop arrivals at three times the capacity (capped at what the generator sends)."""
-    capacity = (spec.model.profile.samples_per_cpu_second or 10.0) * serving.instances
+    per_cpu = spec.model.profile.samples_per_cpu_second
+    assert per_cpu is not None, "inferop export measures the capacity into the profile"
+    capacity = per_cpu * serving.instances
     open_loop(server, serving, min(3 * capacity, 1500.0), 8.0, spec.timeouts.request_seconds * 1.1, machine)
 
 
@@ -444,15 +438,7 @@ def calibrate(grid: list[dict[str, Any]], machine_note: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- drill d
 
 
-def metric_totals(metrics_url: str, model: str) -> dict[str, float]:
-    """Triton's pending-request gauge and success counter for `model`, read off its metrics port."""
-    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
-    totals = {"nv_inference_pending_request_count": 0.0, "nv_inference_request_success": 0.0}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0]
-        if name in totals and f'model="{model}"' in line:
-            totals[name] += float(line.rsplit(" ", 1)[1])
-    return totals
+STALL_SERIES = ("nv_inference_pending_request_count", "nv_inference_request_success")
 
 
 @dataclass(frozen=True)
@@ -507,7 +493,7 @@ def stalled_run(
             if now >= stall.healthy and not stall_file.exists():
                 stall_file.touch()
             try:
-                series.append({"t": round(now, 2), **metric_totals(server.metrics_url, stall.network)})
+                series.append({"t": round(now, 2), **server.metrics(stall.network, *STALL_SERIES)})
             except OSError:  # the server is gone: say how, rather than lose the drill
                 if server.process is not None and server.process.poll() is not None:
                     server_exit = server.exit_reason()

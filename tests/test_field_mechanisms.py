@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -62,26 +60,10 @@ def test_memory_model_predicts_the_measured_peak(
         assert abs(estimate / measured - 1) <= 0.25, f"{state}: estimate {estimate} against measured {measured}"
 
 
-def metric(server_metrics_url: str, name: str, model: str) -> float:
-    text = urllib.request.urlopen(server_metrics_url, timeout=5).read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name + "{") and f'model="{model}"' in line
-    )
+SUCCESS, PENDING = "nv_inference_request_success", "nv_inference_pending_request_count"
 
 
-@pytest.fixture
-def stall_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    path = tmp_path / "stall"
-    monkeypatch.setenv("INFEROP_FAULT_STALL_FILE", str(path))
-    yield path
-    path.unlink(missing_ok=True)
-
-
-def test_a_stalled_model_answers_503_in_time_and_shows_in_the_metrics(
-    model_repo: ExportedRepo, stall_file: Path, tmp_path: Path
-) -> None:
+def test_a_stalled_model_answers_503_in_time_and_shows_in_the_metrics(model_repo: ExportedRepo, tmp_path: Path) -> None:
     """While the stall file exists every execution blocks: queued requests get Triton's 503 once their queue
     timeout passes, pending requests show in the metrics, successes stop; without the file it serves again."""
     import tritonclient.http as httpclient
@@ -94,8 +76,14 @@ def test_a_stalled_model_answers_503_in_time_and_shows_in_the_metrics(
         model_repo, "conv_net", tmp_path / "repo", request_timeout_microseconds=int(timeout_s * 1e6), max_queue_size=8
     )
     board = np.zeros((1, *serving.inputs[0].dims), dtype=np.float32)
-    with TritonServer(tmp_path / "repo", http_port=free_port()) as server:
-        success_before = metric(server.metrics_url, "nv_inference_request_success", "conv_net")
+    stall_file = tmp_path / "stall"
+    env = {"INFEROP_FAULT_STALL_FILE": str(stall_file)}
+    with TritonServer(tmp_path / "repo", http_port=free_port(), env=env) as server:
+
+        def metric(name: str) -> float:
+            return server.metrics("conv_net", name)[name]
+
+        success_before = metric(SUCCESS)
         stall_file.touch()
         answers: list[tuple[str, float]] = []
 
@@ -119,7 +107,7 @@ def test_a_stalled_model_answers_503_in_time_and_shows_in_the_metrics(
         for caller in callers[1:]:
             caller.start()
         wait_for(
-            lambda: metric(server.metrics_url, "nv_inference_pending_request_count", "conv_net") > 0,
+            lambda: metric(PENDING) > 0,
             timeout=10,
             what="pending requests in the metrics",
         )
@@ -128,10 +116,10 @@ def test_a_stalled_model_answers_503_in_time_and_shows_in_the_metrics(
         timed_out = [seconds for text, seconds in answers if "Request timeout expired" in text]
         assert len(timed_out) == 2, answers
         assert max(timed_out) < timeout_s + 2.0
-        assert metric(server.metrics_url, "nv_inference_request_success", "conv_net") == success_before
+        assert metric(SUCCESS) == success_before
 
         os.unlink(stall_file)
         for caller in callers:
             caller.join(30)
         assert "ok" in {text for text, _ in answers}, answers  # the held request finishes once released
-        assert metric(server.metrics_url, "nv_inference_request_success", "conv_net") > success_before
+        assert metric(SUCCESS) > success_before

@@ -102,6 +102,7 @@ class TritonServer:
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     limits: PodLimits | None = None
+    env: dict[str, str] = field(default_factory=dict)  # more environment for the server and its stubs
     cgroup: PodCgroup | None = field(default=None, init=False)
     usage: dict[str, float | int | str | None] | None = field(default=None, init=False)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
@@ -154,7 +155,7 @@ class TritonServer:
             with open(self.log_path, "wb") as log:
                 self.process = subprocess.Popen(
                     self.command(install, local_repo),
-                    env=install.environment(),
+                    env={**install.environment(), **self.env},
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -215,6 +216,18 @@ class TritonServer:
                 f"{format_bytes(float(usage['memory_peak_bytes'] or 0))}): raise the limit or serve fewer models"
             )
         return reason
+
+    def metrics(self, model: str, *names: str) -> dict[str, float]:
+        """Triton's Prometheus series `names` for `model`, summed over their other labels, read off the
+        metrics port: what a scraper sees, without one."""
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
+            text = response.read().decode()
+        totals = dict.fromkeys(names, 0.0)
+        for line in text.splitlines():
+            name = line.split("{", 1)[0]
+            if name in totals and f'model="{model}"' in line:
+                totals[name] += float(line.rsplit(" ", 1)[1])
+        return totals
 
     def load_failures(self) -> list[str]:
         """Triton's reason for each model that failed to load: far above the log's tail, which a startup
