@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from inferop import scheduling
 from inferop_operator import builders
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
@@ -69,12 +70,15 @@ def test_rendered_deployment_starts_and_serves(
     service = rendered_service(model_repo)
     models = lay_out(service, tmp_path)
     container = builders.build_deployment(service)["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["tritonserver"]
+    *prefix, binary = container["command"]
+    assert binary == "tritonserver"
+    assert prefix == scheduling.command_prefix(service.spec.runtime.cpu_scheduling)
     args = [arg for arg in container["args"] if not arg.startswith(LOCAL_FLAGS)]
     for variable in container["env"]:
         monkeypatch.setenv(variable["name"], variable["value"])
 
-    with TritonServer(models, http_port=free_port(), extra_args=args) as server:
+    policy = service.spec.runtime.cpu_scheduling
+    with TritonServer(models, http_port=free_port(), extra_args=args, cpu_scheduling=policy) as server:
         client = httpclient.InferenceServerClient(server.url, network_timeout=30)
         try:
             config = client.get_model_config("conv_net")

@@ -243,6 +243,12 @@ class TestDeployment:
         assert triton_container(deployment)["image"] == IMAGE
         assert init_container(deployment, "layout-model")["image"] == IMAGE
 
+    def test_tritonserver_runs_under_sched_batch_unless_asked_otherwise(self) -> None:
+        batch = triton_container(build_deployment(make_service(raw_spec())))
+        assert batch["command"] == ["chrt", "--batch", "0", "tritonserver"]
+        normal = triton_container(build_deployment(make_service(raw_spec(runtime={"cpuScheduling": "normal"}))))
+        assert normal["command"] == ["tritonserver"]
+
     def test_config_map_is_mounted(self) -> None:
         service = make_service(raw_spec())
         pod = build_deployment(service)["spec"]["template"]["spec"]

@@ -43,6 +43,7 @@ class TestDefaults:
         assert spec.batching.max_queue_size is None  # derived by the plan from the measured capacity
         assert spec.model.profile.samples_per_cpu_second is None
         assert spec.runtime.memory_overhead is None  # the operator's setting applies
+        assert spec.runtime.cpu_scheduling == "batch"
         assert spec.timeouts.request_seconds == 10.0
         assert spec.timeouts.startup_seconds == 300
         assert spec.autoscaling is None
@@ -156,6 +157,10 @@ class TestErrors:
         """The thread budget is derived from it: zero or negative CPUs are an invalid spec, not a crash."""
         message = spec_error(raw_spec(resources={"limits": {"cpu": cpu}}))
         assert "resources.limits.cpu" in message
+
+    def test_cpu_scheduling_lists_the_allowed_values(self) -> None:
+        message = spec_error(raw_spec(runtime={"cpuScheduling": "fifo"}))
+        assert message == "spec.runtime.cpuScheduling: Input should be 'batch' or 'normal'"
 
     def test_metric_lists_the_allowed_values(self) -> None:
         message = spec_error(raw_spec(autoscaling={"maxReplicas": 3, "metric": "gpuUtilisation", "target": 50}))

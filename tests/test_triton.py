@@ -7,6 +7,7 @@ Answers are compared with ONNX Runtime run in-process on the same model.onnx, an
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -74,12 +75,26 @@ def onnxruntime_reference(model_repo: ExportedRepo) -> Callable[[str, np.ndarray
     return run
 
 
+def process_group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:  # ended while we looked
+        return None
+
+
 class TestModelsAndConfig:
     def test_both_models_are_ready(self, client: Any, model_repo: ExportedRepo) -> None:
         assert client.is_server_ready()
         assert sorted(model_repo.reports) == ["conv_net", "inception_v3"]
         for model in model_repo.reports:
             assert client.is_model_ready(model), model
+
+    def test_server_and_its_stubs_run_under_sched_batch(self, triton: RunningServer) -> None:
+        """As the operator's pods run them: the batcher then starts the next batch at once under overload."""
+        group = os.getpgid(triton.server.process.pid)  # its own process group, the stubs included
+        members = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if process_group(pid) == group]
+        assert len(members) >= 3  # the server and a stub per model
+        assert {os.sched_getscheduler(pid) for pid in members} == {os.SCHED_BATCH}
 
     @pytest.mark.parametrize("model", ["conv_net", "inception_v3"])
     def test_config_shows_the_renderers_settings(self, client: Any, model_repo: ExportedRepo, model: str) -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from inferop import scheduling
 from inferop.limits import LimitsError, PodLimits, describe_usage
 from inferop.serving.localrepo import RepositoryError
 from inferop.serving.tritonserver import ServerError, TritonServer
@@ -26,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--cpus", help="CPU limit, a CFS quota per 100 ms period: 1, 1.5, 500m")
     limits.add_argument("--memory", help="memory limit; beyond it the kernel's OOM killer strikes: 1Gi, 900Mi")
     limits.add_argument("--cpuset", help="CPUs the server may run on: 1, 0-1, 0,2")
+    limits.add_argument(
+        "--cpu-scheduling",
+        choices=scheduling.CPU_SCHEDULING_POLICIES,
+        default=scheduling.DEFAULT_CPU_SCHEDULING,
+        help="Linux scheduling policy, as the operator's runtime.cpuScheduling (default batch: SCHED_BATCH)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         log_path=args.log,
         limits=limits,
+        cpu_scheduling=args.cpu_scheduling,
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:

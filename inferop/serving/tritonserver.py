@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from inferop import scheduling
 from inferop.limits import PodCgroup, PodLimits
 from inferop.paths import cache_dir
 from inferop.quantity import format_bytes
@@ -93,6 +94,7 @@ class TritonServer:
 
     Use as a context manager, or `start()` / `stop()`. `extra_args` are passed to tritonserver as they are.
     `limits` run it in a pod's cgroup (`cgroup`); `stop()` keeps the cgroup's last measurements in `usage`.
+    `cpu_scheduling` is the Linux scheduling policy of the operator's pods (see inferop.scheduling).
     """
 
     repo: Path
@@ -103,6 +105,7 @@ class TritonServer:
     log_path: Path | None = None
     limits: PodLimits | None = None
     env: dict[str, str] = field(default_factory=dict)  # more environment for the server and its stubs
+    cpu_scheduling: scheduling.CpuScheduling = scheduling.DEFAULT_CPU_SCHEDULING  # as the operator's pods run
     cgroup: PodCgroup | None = field(default=None, init=False)
     usage: dict[str, float | int | str | None] | None = field(default=None, init=False)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
@@ -160,13 +163,19 @@ class TritonServer:
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,  # its own process group: stub processes are stopped with it
-                    preexec_fn=self.cgroup.join if self.cgroup else None,  # the pod: everything it starts too
+                    preexec_fn=self._enter_pod,
                 )
             self.wait_ready(timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _enter_pod(self) -> None:
+        """In the child before exec: the pod's cgroup and scheduling policy, for everything it starts too."""
+        if self.cgroup is not None:
+            self.cgroup.join()
+        scheduling.apply(self.cpu_scheduling)
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

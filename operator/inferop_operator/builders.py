@@ -11,6 +11,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from inferop import scheduling
 from inferop.tritonconfig import render_model_config
 from inferop_operator.plan import Plan
 from inferop_operator.spec import GROUP, KIND, VERSION, InferenceServiceSpec
@@ -230,7 +231,7 @@ def build_deployment(service: Service) -> dict[str, Any]:
     container = {
         "name": "triton",
         "image": service.image,
-        "command": ["tritonserver"],
+        "command": [*scheduling.command_prefix(spec.runtime.cpu_scheduling), "tritonserver"],
         "args": triton_args(service),
         "env": thread_env(service),
         "ports": [

@@ -13,6 +13,7 @@ from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic.alias_generators import to_camel
 
 from inferop.quantity import QUANTITY_PATTERN, parse_quantity
+from inferop.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
 from inferop.tritonconfig import Datatype, TensorSpec
 
 GROUP = "inferop.dev"
@@ -126,6 +127,15 @@ class Runtime(Section):
         description=(
             "Memory the Triton process takes before any model is loaded, for the memory-fit check; default "
             "from the operator's setting INFEROP_RUNTIME_MEMORY_OVERHEAD. Measure your image and set it here."
+        ),
+    )
+    cpu_scheduling: CpuScheduling = Field(
+        default=DEFAULT_CPU_SCHEDULING,
+        description=(
+            "Linux scheduling policy of tritonserver. batch (SCHED_BATCH, through `chrt` in the image): a woken "
+            "thread does not preempt the running one, so Triton's batcher starts the next batch as soon as an "
+            "instance finishes even while the queue is full; under normal it can idle up to 500 ms per batch "
+            "under overload. Use normal for an image without chrt."
         ),
     )
 
