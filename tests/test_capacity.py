@@ -7,7 +7,13 @@ import math
 
 import pytest
 
-from inferop.capacity import WAIT_SHARE_OF_TIMEOUT, QueueBound, derive_queue_bound, pod_capacity
+from inferop.capacity import (
+    SERVED_SHARE_OF_CAPACITY,
+    WAIT_SHARE_OF_TIMEOUT,
+    QueueBound,
+    derive_queue_bound,
+    pod_capacity,
+)
 from inferop.threads import ThreadPlan, plan_threads
 
 
@@ -19,20 +25,21 @@ class TestDeriveQueueBound:
         assert bound.explain(10.0) == "queue bound 5 (batching.maxQueueSize)"
 
     def test_littles_law_for_an_inception_like_model(self) -> None:
-        # 8 samples/s x 10 s x 0.5 = 40 samples of wait, less 3 rounds of 1 instance x batch 8 = 16.
-        bound = derive_queue_bound(8.0, 10.0, instances=1, max_batch_size=8)
-        assert (bound.size, bound.source, bound.capacity) == (16, "capacity", 8.0)
+        # 10 samples/s x 0.8 served x 10 s x 0.5 = 40 samples of wait, less 3 rounds of 1 instance x batch 8.
+        bound = derive_queue_bound(10.0, 10.0, instances=1, max_batch_size=8)
+        assert (bound.size, bound.source, bound.capacity) == (16, "capacity", 10.0)
         assert bound.explain(10.0) == (
-            "queue bound 16 = 8 samples/s x 10s x 0.5 less 3 rounds of batches, at most 1024"
+            "queue bound 16 = 10 samples/s x 0.8 served under overload x 10s x 0.5 less 3 rounds of batches, "
+            "at most 1024"
         )
 
     @pytest.mark.parametrize(
         ("capacity", "seconds", "instances", "batch", "size"),
         [
-            (8.0, 10.0, 1, 8, 16),
-            (32.0, 10.0, 2, 8, 160 - 48),  # the pod of the inception example: 4 CPUs
+            (10.0, 10.0, 1, 8, 16),
+            (32.0, 10.0, 2, 8, 128 - 48),  # the pod of the inception example: 4 CPUs
             (5000.0, 2.0, 2, 16, 1024),  # the conv net: thousands of boards a second, capped
-            (8.5, 3.0, 1, 1, math.floor(12.75) - 3),  # Little's law rounds down: never more wait than allowed
+            (8.5, 3.0, 1, 1, math.floor(10.2) - 3),  # Little's law rounds down: never more wait than allowed
         ],
     )
     def test_littles_law_less_three_rounds(
@@ -42,15 +49,17 @@ class TestDeriveQueueBound:
 
     @pytest.mark.parametrize(("capacity", "seconds"), [(8.0, 10.0), (32.0, 2.5), (5000.0, 2.0), (100.0, 1.0)])
     def test_an_accepted_request_is_answered_within_half_its_timeout(self, capacity: float, seconds: float) -> None:
-        """Ahead of the last request admitted: the full queue, the batches in execution and its own."""
+        """Ahead of the last request admitted: the full queue, the batches in execution and its own, served at
+        the rate a pod keeps under overload."""
         instances, batch = 2, 4
         bound = derive_queue_bound(capacity, seconds, instances, batch)
         assert bound.size > batch  # the floor did not apply: the law did
-        assert (bound.size + 2 * instances * batch) / capacity <= seconds * WAIT_SHARE_OF_TIMEOUT
+        served = capacity * SERVED_SHARE_OF_CAPACITY
+        assert (bound.size + 2 * instances * batch) / served <= seconds * WAIT_SHARE_OF_TIMEOUT
 
     @pytest.mark.parametrize(
         ("capacity", "seconds", "batch"),
-        [(8.0, 1.0, 8), (1.0, 10.0, 32), (0.1, 0.001, 1), (8.0, 4.0, 8)],  # the last: 16 - 16 = 0 < 8
+        [(8.0, 1.0, 8), (1.0, 10.0, 32), (0.1, 0.001, 1), (10.0, 5.0, 8)],  # the last: 20 - 24 < 8
     )
     def test_never_below_one_full_batch(self, capacity: float, seconds: float, batch: int) -> None:
         bound = derive_queue_bound(capacity, seconds, instances=1, max_batch_size=batch)
@@ -69,7 +78,7 @@ class TestDeriveQueueBound:
         assert "batching.maxQueueSize" in message
 
     def test_is_a_value(self) -> None:
-        assert derive_queue_bound(8.0, 10.0, 1, 8) == QueueBound(16, "capacity", 8.0)
+        assert derive_queue_bound(10.0, 10.0, 1, 8) == QueueBound(16, "capacity", 10.0)
 
 
 class TestPodCapacity:
