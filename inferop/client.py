@@ -1,7 +1,8 @@
 """`inferop infer`: call a Triton endpoint with `tritonclient.http` and binary tensors.
 
 Image classifiers get the standard Inception preprocessing and answer with the top-5 labels; board models
-get a board (a file or random) and answer with the move distribution and the value.
+get a board (a file or random) and answer with the move distribution and the value. Every answer says where the
+model's weights came from, read from its config: random weights answer too, and their answers mean nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import numpy as np
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 RESIZE_RATIO = 342 / 299
+# What the answers of random weights still show, per kind of answer.
+LABELS_CAVEAT = "the labels show the pipeline working, not accuracy"
+BOARD_CAVEAT = "policy and value show the pipeline working, not playing strength"
 
 
 class InferError(RuntimeError):
@@ -33,6 +37,7 @@ class ModelInfo:
     outputs: list[str]
     labelled_output: str | None  # an output with a label file: the classification extension works on it
     classes: int
+    weights: str | None  # where the weights came from, as `inferop export` recorded it; None: not recorded
 
 
 def connect(url: str, timeout: float) -> Any:
@@ -57,7 +62,27 @@ def describe(client: Any, model: str) -> ModelInfo:
         outputs=[o["name"] for o in metadata["outputs"]],
         labelled_output=labelled["name"] if labelled else None,
         classes=int(labelled["dims"][0]) if labelled else 0,
+        weights=recorded_weights(config),
     )
+
+
+def recorded_weights(config: dict[str, Any]) -> str | None:
+    """The weights' provenance from a model config as Triton's model-config endpoint returns it."""
+    from inferop.tritonconfig import WEIGHTS_PARAMETER
+
+    value = config.get("parameters", {}).get(WEIGHTS_PARAMETER, {}).get("string_value")
+    return str(value) if value else None
+
+
+def weights_note(weights: str | None, caveat: str) -> str:
+    """One line on what the answers are worth: the provenance, and for random weights `caveat` with it."""
+    from inferop.tritonconfig import WEIGHTS_PARAMETER, weights_are_random
+
+    if weights is None:
+        return f"weights: not recorded (the model's config has no {WEIGHTS_PARAMETER!r} parameter)"
+    if weights_are_random(weights):
+        return f"weights: {weights}; {caveat}"
+    return f"weights: {weights}"
 
 
 def call(function: Any, *args: Any, what: str, **kwargs: Any) -> Any:
@@ -136,9 +161,8 @@ def classify(
             logits, labels = np.asarray(row, dtype=np.float64), [str(i) for i in range(len(row))]
         probabilities = softmax(logits)
         order = np.argsort(-probabilities)[:top]
-        results.append(
-            {"image": str(path), "top": [{"label": labels[i], "probability": float(probabilities[i])} for i in order]}
-        )
+        top_labels = [{"label": labels[i], "probability": float(probabilities[i])} for i in order]
+        results.append({"image": str(path), "top": top_labels, "weights": info.weights})
     return results
 
 
@@ -154,6 +178,7 @@ def play(client: Any, info: ModelInfo, board: np.ndarray, timeout_us: int | None
         "policy": [float(p) for p in policy],
         "bestMove": int(np.argmax(policy)),
         "value": float(response.as_numpy("value").ravel()[0]),
+        "weights": info.weights,
     }
 
 
@@ -191,7 +216,9 @@ def run(args: argparse.Namespace) -> int:
             print(entry["image"])
             for rank, item in enumerate(entry["top"], 1):
                 print(f"  {rank}. {item['label']:<30} {item['probability']:.4f}")
+        print(weights_note(info.weights, LABELS_CAVEAT))
     else:
         moves = "  ".join(f"{i}:{p:.3f}" for i, p in enumerate(result["policy"]))
         print(f"policy  {moves}\nbest move {result['bestMove']}   value {result['value']:+.4f}")
+        print(weights_note(info.weights, BOARD_CAVEAT))
     return 0

@@ -7,6 +7,7 @@ field name is checked against Triton's schema rather than trusted to a string te
 from __future__ import annotations
 
 import math
+import re
 from typing import Literal
 
 from google.protobuf import text_format
@@ -15,6 +16,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 ONNX_PLATFORM = "onnxruntime_onnx"
 MODEL_FILENAME = "model.onnx"
+# Where the served weights came from, as a config parameter so that any caller can read it from Triton's
+# model-config endpoint next to the labels it is about to show. Triton's ONNX Runtime backend looks up only the
+# parameter names it knows (`src/onnxruntime.cc`), as does `inferop/serving/model.py`, so it changes nothing served.
+WEIGHTS_PARAMETER = "inferop_weights"
 
 # Triton's tensor datatypes (as the V2 protocol spells them) that ONNX models served here use.
 Datatype = Literal["FP32", "FP16", "BF16", "FP64", "INT64", "INT32", "INT8", "UINT8", "BOOL"]
@@ -72,6 +77,14 @@ class ServingConfig(BaseModel):
         default=1, ge=1, description="None: not written, so the backend's default (ONNX Runtime: a thread per core)"
     )
     inter_op_threads: int | None = Field(default=1, ge=1, description="None: the backend's default")
+    weights: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            f"where the weights came from, written as the parameter {WEIGHTS_PARAMETER!r}: `random_weights(seed)` "
+            "or a file's name and digest; None: not written (unknown)"
+        ),
+    )
     memory_pattern: bool = Field(
         default=False,
         description=(
@@ -129,6 +142,8 @@ def build_model_config(cfg: ServingConfig) -> mc.ModelConfig:
         config.parameters["execution_mode"].string_value = "1" if cfg.inter_op_threads > 1 else "0"
     if not cfg.memory_pattern:
         config.parameters["enable_mem_pattern"].string_value = "0"
+    if cfg.weights is not None:
+        config.parameters[WEIGHTS_PARAMETER].string_value = cfg.weights
 
     for batch in cfg.warmup_batch_sizes:
         warmup = config.model_warmup.add(name=f"warmup_batch_{batch}", batch_size=batch)
@@ -138,6 +153,16 @@ def build_model_config(cfg: ServingConfig) -> mc.ModelConfig:
             data.dims.extend(spec.dims)
             data.random_data = True
     return config
+
+
+def random_weights(seed: int) -> str:
+    """The provenance of seeded random weights, as `ServingConfig.weights` records it."""
+    return f"random (seed {seed})"
+
+
+def weights_are_random(weights: str) -> bool:
+    """Whether a recorded provenance is `random_weights(...)`: the outputs mean nothing about the task."""
+    return re.fullmatch(r"random \(seed -?\d+\)", weights) is not None
 
 
 def render_model_config(cfg: ServingConfig) -> str:

@@ -10,8 +10,20 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inferop.bench import percentiles, statistics_delta
-from inferop.client import IMAGENET_MEAN, IMAGENET_STD, InferError, load_board, preprocess_image, softmax
+from inferop.bench import LevelResult, build_figure, percentiles, statistics_delta
+from inferop.client import (
+    BOARD_CAVEAT,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    LABELS_CAVEAT,
+    InferError,
+    load_board,
+    preprocess_image,
+    recorded_weights,
+    softmax,
+    weights_note,
+)
+from inferop.tritonconfig import ServingConfig, TensorSpec, build_model_config, random_weights
 
 
 class TestPreprocessImage:
@@ -170,3 +182,80 @@ class TestPercentiles:
 
     def test_none_measured_is_nan(self) -> None:
         assert all(np.isnan(p) for p in percentiles([]))
+
+
+def served_config(weights: str | None) -> dict[str, Any]:
+    """A model config as Triton's model-config endpoint answers it (the protobuf's JSON form)."""
+    from google.protobuf import json_format
+
+    cfg = ServingConfig(
+        name="conv_net",
+        inputs=(TensorSpec(name="board", dims=(1, 6, 5)),),
+        outputs=(TensorSpec(name="value", dims=(1,)),),
+        weights=weights,
+    )
+    answer: dict[str, Any] = json_format.MessageToDict(build_model_config(cfg), preserving_proto_field_name=True)
+    return answer
+
+
+class TestWeightsNote:
+    """`inferop infer` says under every answer where the weights came from, and what random ones are worth."""
+
+    def test_random_weights_carry_the_caveat(self) -> None:
+        weights = recorded_weights(served_config(random_weights(0)))
+        assert weights == "random (seed 0)"
+        assert weights_note(weights, LABELS_CAVEAT) == (
+            "weights: random (seed 0); the labels show the pipeline working, not accuracy"
+        )
+        assert weights_note(weights, BOARD_CAVEAT) == (
+            "weights: random (seed 0); policy and value show the pipeline working, not playing strength"
+        )
+
+    def test_a_weights_file_is_named_without_the_caveat(self) -> None:
+        weights = recorded_weights(served_config("inception_v3.pth, sha256 0123456789abcdef"))
+        assert weights_note(weights, LABELS_CAVEAT) == "weights: inception_v3.pth, sha256 0123456789abcdef"
+
+    def test_a_model_from_elsewhere_says_it_is_not_recorded(self) -> None:
+        weights = recorded_weights(served_config(None))
+        assert weights is None
+        assert weights_note(weights, LABELS_CAVEAT) == (
+            "weights: not recorded (the model's config has no 'inferop_weights' parameter)"
+        )
+
+
+def level(concurrency: int, throughput: float, p99_ms: float) -> LevelResult:
+    return LevelResult(
+        concurrency=concurrency,
+        requests=100,
+        errors=0,
+        seconds=3.0,
+        throughput=throughput,
+        p50_ms=p99_ms * 0.8,
+        p90_ms=p99_ms * 0.9,
+        p99_ms=p99_ms,
+        queue_ms=0.0,
+        compute_ms=0.0,
+        mean_batch=1.0,
+    )
+
+
+# Nearly flat throughput at high latency: an axis from the lowest value would draw a fourfold rise.
+FLAT_SWEEP = [level(1, 13.95, 80.0), level(4, 14.0, 290.0), level(16, 14.2, 1150.0)]
+
+
+class TestBenchPlot:
+    def test_both_axes_start_at_zero_and_show_every_point(self) -> None:
+        pytest.importorskip("matplotlib", reason="install the serving extra: .venv/bin/pip install -e '.[serve]'")
+        latency_axis, throughput_axis = build_figure("inception_v3", FLAT_SWEEP).axes
+        assert throughput_axis.get_ylabel() == "samples / s"
+        assert latency_axis.get_ylim()[0] == throughput_axis.get_ylim()[0] == 0
+        assert throughput_axis.get_ylim()[1] >= 14.2
+        assert latency_axis.get_ylim()[1] >= 1150.0
+
+    def test_writes_a_png(self, tmp_path: Path) -> None:
+        pytest.importorskip("matplotlib", reason="install the serving extra: .venv/bin/pip install -e '.[serve]'")
+        from inferop.bench import plot
+
+        path = tmp_path / "bench.png"
+        plot("inception_v3", FLAT_SWEEP, path)
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

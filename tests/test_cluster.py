@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,6 +16,8 @@ import pytest
 from kubernetes import client, config
 
 from inferop.cluster.controlplane import (
+    KUBERNETES_SERVICE_IP,
+    SERVICE_CIDR,
     ControlPlane,
     Layout,
     Ports,
@@ -60,7 +65,7 @@ class TestApiserverCommand:
             ("tls-private-key-file", "/state/pki/apiserver-key.pem"),
             ("service-account-key-file", "/state/pki/sa-pub.pem"),
             ("service-account-signing-key-file", "/state/pki/sa-key.pem"),
-            ("service-cluster-ip-range", "10.0.0.0/24"),
+            ("service-cluster-ip-range", "10.96.0.0/12"),
             ("allow-privileged", "true"),
         ],
     )
@@ -112,6 +117,10 @@ class TestHelpers:
         extensions = openssl_extensions()
         for name in ("IP:127.0.0.1", "DNS:localhost", "DNS:kubernetes.default.svc"):
             assert name in extensions
+
+    def test_serving_certificate_names_the_kubernetes_service_ip_of_the_range(self) -> None:
+        assert KUBERNETES_SERVICE_IP == "10.96.0.1"
+        assert f"IP:{KUBERNETES_SERVICE_IP}," in openssl_extensions()
 
     def test_free_ports_are_distinct(self) -> None:
         ports = free_ports(8)
@@ -183,6 +192,33 @@ def test_controller_manager_creates_a_replicaset_for_a_deployment(api: client.Ap
     # The ReplicaSet controller goes on to create the Pods (Pending: there is no kubelet).
     pods = wait_for(lambda: core.list_namespaced_pod(namespace).items, 30, "Pods of the ReplicaSet")
     assert {pod.status.phase for pod in pods} == {"Pending"}
+
+
+@pytest.mark.integration
+def test_the_service_range_outgrows_a_slash_24(cluster: ControlPlane, api: client.ApiClient) -> None:
+    """A /24 ran out at 254 Services: the 255th InferenceService failed with "range is full"."""
+    core: Any = client.CoreV1Api(api)
+    assert core.read_namespaced_service("kubernetes", "default").spec.cluster_ip == KUBERNETES_SERVICE_IP
+    # ...and the apiserver's certificate is valid for that address.
+    port = (cluster.state() or {})["ports"]["apiserver"]
+    context = ssl.create_default_context(cafile=str(cluster.layout.pem("ca")))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as sock,
+        context.wrap_socket(sock, server_hostname="127.0.0.1") as tls,
+    ):
+        certificate = tls.getpeercert()
+    assert certificate is not None
+    assert ("IP Address", KUBERNETES_SERVICE_IP) in certificate["subjectAltName"]
+
+    namespace = "test-service-range"
+    core.create_namespace({"metadata": {"name": namespace}})
+    service = {"spec": {"ports": [{"port": 8000}]}}
+    ips = {
+        core.create_namespaced_service(namespace, {"metadata": {"name": f"s{i}"}, **service}).spec.cluster_ip
+        for i in range(300)
+    }
+    assert len(ips) == 300
+    assert all(ipaddress.ip_address(ip) in ipaddress.ip_network(SERVICE_CIDR) for ip in ips)
 
 
 def cli(*args: str, bin_dir: Path) -> subprocess.CompletedProcess[str]:

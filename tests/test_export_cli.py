@@ -84,6 +84,19 @@ class TestExportConvNet:
         config = parse_model_config((repo / "conv_net" / "config.pbtxt").read_text())
         assert config.dynamic_batching.default_queue_policy.max_queue_size == expected.size == serving["max_queue_size"]
 
+    def test_records_random_weights_in_the_config_and_the_report(
+        self, exported: tuple[subprocess.CompletedProcess[str], Path], report: dict[str, Any]
+    ) -> None:
+        """The conv net has no weights to load: its config and report say so, for `inferop infer` to repeat."""
+        from inferop.tritonconfig import WEIGHTS_PARAMETER
+        from inferop_export.cli import format_report
+
+        _, repo = exported
+        config = parse_model_config((repo / "conv_net" / "config.pbtxt").read_text())
+        assert config.parameters[WEIGHTS_PARAMETER].string_value == "random (seed 0)"
+        assert report["serving"]["weights"] == "random (seed 0)"
+        assert "  weights: random (seed 0)" in format_report(report).splitlines()
+
     def test_json_mode_keeps_progress_off_stdout(self, exported: tuple[subprocess.CompletedProcess[str], Path]) -> None:
         result, _ = exported
         assert result.stdout.lstrip().startswith("{")

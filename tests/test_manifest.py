@@ -12,7 +12,7 @@ import yaml
 
 from inferop.memory import CONTAINER_RUNTIME
 from inferop.quantity import parse_quantity
-from inferop.tritonconfig import ServingConfig, TensorSpec, render_model_config
+from inferop.tritonconfig import ServingConfig, TensorSpec, parse_model_config, render_model_config
 from inferop_export.manifest import MEMORY_MARGIN, build_manifest, write_manifest
 from inferop_export.profile import ModelProfile
 from inferop_operator.plan import plan_service
@@ -180,6 +180,14 @@ class TestBuildManifest:
         assert manifest["metadata"] == {"name": "conv-net"}
         assert build_manifest(WIDE, WIDE_PROFILE, "hostpath:///m")["metadata"]["name"] == "wide.model"
         assert build_manifest(CONV_NET, CONV_NET_PROFILE, "hostpath:///m", name="board")["metadata"]["name"] == "board"
+
+    def test_weights_reach_the_config_the_operator_renders(self) -> None:
+        served = CONV_NET.model_copy(update={"weights": "random (seed 0)"})
+        spec = build_manifest(served, CONV_NET_PROFILE, "hostpath:///m")["spec"]
+        assert spec["model"]["weights"] == "random (seed 0)"
+        rendered = parse_model_config(render_model_config(plan_service(parse_spec(spec)).serving))
+        assert rendered.parameters["inferop_weights"].string_value == "random (seed 0)"
+        assert "weights" not in build_manifest(CONV_NET, CONV_NET_PROFILE, "hostpath:///m")["spec"]["model"]
 
     def test_bad_storage_uri_is_refused_before_writing(self) -> None:
         with pytest.raises(SpecError, match=r"spec\.model\.storageUri"):

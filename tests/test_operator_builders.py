@@ -15,11 +15,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferop.tritonconfig import parse_model_config
 from inferop_operator.builders import (
+    CHILDREN,
     CONFIG_DIR,
     CONFIG_HASH_ANNOTATION,
     MODEL_REPOSITORY,
     MODEL_SOURCE,
     Service,
+    build_children,
     build_config_map,
     build_deployment,
     build_hpa,
@@ -560,6 +562,37 @@ class TestHpa:
     def test_needs_autoscaling(self) -> None:
         with pytest.raises(ValueError, match="autoscaling"):
             build_hpa(make_service(raw_spec()), "autoscaling/v2")
+
+
+AUTOSCALED = {"autoscaling": {"minReplicas": 1, "maxReplicas": 3, "target": 50}}
+
+
+class TestChildren:
+    @pytest.mark.parametrize(
+        ("sections", "kinds"),
+        [
+            ({}, ["ConfigMap", "Service", "Deployment"]),
+            (AUTOSCALED, ["ConfigMap", "Service", "HorizontalPodAutoscaler", "Deployment"]),
+        ],
+        ids=["fixed replicas", "autoscaled"],
+    )
+    def test_what_the_spec_wants_with_the_deployment_last(self, sections: dict[str, Any], kinds: list[str]) -> None:
+        built = build_children(make_service(raw_spec(**sections)), "autoscaling/v2beta2")
+        assert [child["kind"] for child in built] == kinds
+        assert all(child["metadata"]["ownerReferences"] == [owner_reference()] for child in built)
+
+    @pytest.mark.parametrize("sections", [{}, AUTOSCALED], ids=["fixed replicas", "autoscaled"])
+    def test_names_and_versions_are_those_built(self, sections: dict[str, Any]) -> None:
+        service = make_service(raw_spec(**sections))
+        for child in (c for c in CHILDREN if c.wanted(service)):
+            built = child.build(service, "autoscaling/v2")
+            assert (built["kind"], built["metadata"]["name"]) == (child.kind, child.name(service))
+            assert built["apiVersion"] == (child.api_version or "autoscaling/v2")
+
+    def test_an_unset_autoscaling_deletes_the_hpa(self) -> None:
+        (hpa,) = (child for child in CHILDREN if child.kind == "HorizontalPodAutoscaler")
+        assert not hpa.wanted(make_service(raw_spec()))
+        assert hpa.removal[0] == "AutoscalingRemoved"
 
 
 def test_startup_budget_rounds_up() -> None:

@@ -9,15 +9,19 @@ import pytest
 from inferop.memory import CONTAINER_RUNTIME
 from inferop.quantity import format_bytes
 from inferop_operator.builders import Service, build_deployment
+from inferop_operator.kubeapi import ApiFailure
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
 from inferop_operator.status import (
+    children_failed,
+    children_failed_status,
     condition,
     deployed_status,
     invalid_status,
     merge_conditions,
     plan_status,
     refused_status,
+    same_condition,
 )
 from tests.specs import MODEL, raw_spec
 
@@ -102,10 +106,18 @@ class TestMergeConditions:
             condition("MemoryFit", True, "m", ""),
             condition("Valid", True, "v", ""),
             condition("Available", True, "a", ""),
+            condition("ChildrenApplied", True, "c", ""),
             condition("ThreadBudget", True, "t", ""),
         ]
         merged = merge_conditions(None, current)
-        assert [c["type"] for c in merged] == ["Valid", "ThreadBudget", "MemoryFit", "Available", "Ready"]
+        assert [c["type"] for c in merged] == [
+            "Valid",
+            "ThreadBudget",
+            "MemoryFit",
+            "ChildrenApplied",
+            "Available",
+            "Ready",
+        ]
 
     def test_conditions_that_no_longer_apply_are_dropped(self) -> None:
         previous = [{**condition("MemoryFit", False, "InsufficientMemory", "x"), "lastTransitionTime": OLD}]
@@ -195,8 +207,12 @@ class TestDeployedStatus:
     def test_checks_that_passed_are_reported(self) -> None:
         status = deployed_status(make_service(), deployment(), 1, None)
         conditions = by_type(status)
-        assert list(conditions) == ["Valid", "ThreadBudget", "MemoryFit", "Available", "Ready"]
+        assert list(conditions) == ["Valid", "ThreadBudget", "MemoryFit", "ChildrenApplied", "Available", "Ready"]
         assert conditions["Valid"]["status"] == "True"
+        assert (conditions["ChildrenApplied"]["status"], conditions["ChildrenApplied"]["reason"]) == ("True", "Applied")
+        assert conditions["ChildrenApplied"]["message"] == (
+            "ConfigMap conv-net-config, Service conv-net, Deployment conv-net applied"
+        )
         assert conditions["ThreadBudget"]["status"] == "True"
         assert (
             "2 instance(s) x (2 intra-op + 1 inter-op - 1) = 4 threads on 4 CPU(s)"
@@ -248,10 +264,10 @@ class TestPlanStatus:
         assert status["threads"]["summary"] == "1x(1+1)/1cpu"
 
     def test_derived_queue_bound(self) -> None:
-        # 4 CPUs, 2 instances x 2 intra-op threads: 8 x 4 = 32 samples/s x 10 s x 0.5 = 160, less 2 x 2 x 8 = 128.
+        # 4 CPUs, 2 instances x 2 intra-op threads: 8 x 4 = 32 samples/s x 0.8 x 10 s x 0.5 = 128, less 3 x 2 x 8 = 80.
         status = plan_status(make_service(capacity=8.0))
-        assert status["queue"] == {"maxQueueSize": 112, "source": "capacity", "capacitySamplesPerSecond": 32.0}
-        assert status["memory"]["requiredBytes"] == peak(queue=112)  # the estimate holds the queue it bounds
+        assert status["queue"] == {"maxQueueSize": 80, "source": "capacity", "capacitySamplesPerSecond": 32.0}
+        assert status["memory"]["requiredBytes"] == peak(queue=80)  # the estimate holds the queue it bounds
 
     def test_queue_bound_from_the_spec(self) -> None:
         status = plan_status(make_service(capacity=8.0, batching={"maxQueueSize": 5}))
@@ -314,3 +330,72 @@ class TestFailedStatus:
         times = {c["type"]: c["lastTransitionTime"] for c in refused["conditions"]}
         assert times["Valid"] > OLD  # False -> True
         assert times["Ready"] == OLD  # still False
+
+
+def failure(status: int, reason: str, message: str, kind: str = "Service", name: str = "conv-net") -> ApiFailure:
+    return ApiFailure(action="apply", kind=kind, name=name, status=status, reason=reason, message=message)
+
+
+RANGE_FULL = failure(500, "InternalError", "Internal error occurred: failed to allocate a serviceIP: range is full")
+QUOTA = failure(403, "Forbidden", 'services "conv-net" is forbidden: exceeded quota: no-services')
+INVALID = failure(422, "Invalid", 'Service "7-up" is invalid: metadata.name: Invalid value: "7-up"', name="7-up")
+
+
+class TestChildrenFailedStatus:
+    @pytest.mark.parametrize(
+        ("refused", "phase", "outlook"),
+        [
+            (RANGE_FULL, "Pending", "retried with a backoff"),
+            (QUOTA, "Pending", "retried with a backoff"),
+            (INVALID, "Failed", "not retried until the spec changes"),
+        ],
+        ids=["range full", "quota", "invalid"],
+    )
+    def test_the_servers_reason_and_message_name_the_child(self, refused: ApiFailure, phase: str, outlook: str) -> None:
+        status = children_failed_status(make_service(), refused, 5, None)
+        assert (status["phase"], status["observedGeneration"]) == (phase, 5)
+        conditions = by_type(status)
+        applied = conditions["ChildrenApplied"]
+        assert (applied["status"], applied["reason"]) == ("False", refused.reason)
+        assert applied["message"] == (
+            f"apply Service {refused.name}: {refused.status} {refused.reason}: {refused.message} ({outlook})"
+        )
+        ready = conditions["Ready"]
+        assert (ready["status"], ready["reason"]) == ("False", "ChildrenNotApplied")
+        assert refused.message in ready["message"]
+
+    def test_the_checks_that_passed_and_the_plan_stay_visible(self) -> None:
+        status = children_failed_status(make_service(), RANGE_FULL, 1, None)
+        assert list(by_type(status)) == ["Valid", "ThreadBudget", "MemoryFit", "ChildrenApplied", "Ready"]
+        assert {by_type(status)[kind]["status"] for kind in ("Valid", "ThreadBudget", "MemoryFit")} == {"True"}
+        assert status["threads"] == plan_status(make_service())["threads"]
+        assert status["memory"]["requiredBytes"] == peak()
+
+    def test_what_the_deployment_reported_last_is_kept(self) -> None:
+        deployed = deployed_status(make_service(), deployment(), 1, None)
+        aged = [{**c, "lastTransitionTime": OLD} for c in deployed["conditions"]]
+        status = children_failed_status(make_service(), QUOTA, 2, aged)
+        conditions = by_type(status)
+        assert conditions["Available"] == by_type({"conditions": aged})["Available"]
+        assert conditions["ChildrenApplied"]["lastTransitionTime"] > OLD  # True -> False
+        assert conditions["Valid"]["lastTransitionTime"] == OLD
+
+    def test_applying_again_clears_the_failure(self) -> None:
+        failed = children_failed_status(make_service(), QUOTA, 2, None)
+        assert children_failed(failed)
+        healed = deployed_status(make_service(), deployment(), 2, failed["conditions"])
+        assert not children_failed(healed)
+        assert by_type(healed)["ChildrenApplied"]["status"] == "True"
+        assert healed["phase"] == "Ready"
+
+    def test_a_retry_meeting_the_same_answer_changes_no_condition(self) -> None:
+        first = children_failed_status(make_service(), RANGE_FULL, 2, None)
+        again = children_failed_status(make_service(), RANGE_FULL, 2, first["conditions"])
+        assert same_condition("ChildrenApplied", first, again)
+        assert again["conditions"] == first["conditions"]
+        other = children_failed_status(make_service(), QUOTA, 2, first["conditions"])
+        assert not same_condition("ChildrenApplied", first, other)
+
+    @pytest.mark.parametrize("status", [None, {}, {"conditions": []}, invalid_status("bad", 1, None)])
+    def test_no_failure_without_the_condition(self, status: Any) -> None:
+        assert not children_failed(status)

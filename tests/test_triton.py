@@ -123,6 +123,7 @@ class TestModelsAndConfig:
             "inter_op_thread_count": {"string_value": str(served.inter_op_threads)},
             "execution_mode": {"string_value": "1" if (served.inter_op_threads or 0) > 1 else "0"},
             "enable_mem_pattern": {"string_value": "0"},
+            "inferop_weights": {"string_value": "random (seed 0)"},  # read by `inferop infer`, ignored by the backend
         }
         assert sorted(int(w["batch_size"]) for w in config["model_warmup"]) == [1, served.max_batch_size]
 
@@ -310,8 +311,10 @@ class TestInferCommand:
         assert result.returncode == 0, result.stderr
         lines = result.stdout.splitlines()
         assert lines[0] == str(image)
-        printed = [re.fullmatch(r"\s+(\d)\. (.+?)\s+(\d\.\d{4})", line) for line in lines[1:]]
+        printed = [re.fullmatch(r"\s+(\d)\. (.+?)\s+(\d\.\d{4})", line) for line in lines[1:6]]
         assert all(printed) and len(printed) == 5, result.stdout
+        # The session's Inception has seeded random weights: the answer must not pass for a classification.
+        assert lines[6:] == ["weights: random (seed 0); the labels show the pipeline working, not accuracy"]
         ranks = [int(m.group(1)) for m in printed if m]
         labels = [m.group(2) for m in printed if m]
         probabilities = [float(m.group(3)) for m in printed if m]
@@ -360,3 +363,19 @@ class TestInferCommand:
         np.testing.assert_allclose(answer["policy"], expected["policy"][0], atol=1e-5)
         assert answer["bestMove"] == int(np.argmax(expected["policy"][0]))
         assert answer["value"] == pytest.approx(float(expected["value"][0, 0]), abs=1e-5)
+        assert answer["weights"] == "random (seed 0)"
+
+    def test_a_board_answer_says_the_weights_are_random(self, triton: RunningServer) -> None:
+        result = subprocess.run(
+            [str(INFEROP), "infer", "--url", triton.url, "--model", "conv_net"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[0].startswith("policy  0:")
+        assert lines[-1] == (
+            "weights: random (seed 0); policy and value show the pipeline working, not playing strength"
+        )

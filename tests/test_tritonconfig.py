@@ -11,11 +11,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from inferop.tritonconfig import (
     ONNX_PLATFORM,
+    WEIGHTS_PARAMETER,
     ServingConfig,
     TensorSpec,
     build_model_config,
     parse_model_config,
+    random_weights,
     render_model_config,
+    weights_are_random,
 )
 
 BOARD = TensorSpec(name="board", dims=(1, 8, 7))
@@ -156,6 +159,32 @@ class TestMemoryPattern:
     def test_left_to_onnx_runtime_when_asked_for(self) -> None:
         cfg = ServingConfig(name="m", inputs=(BOARD,), outputs=(VALUE,), memory_pattern=True)
         assert "enable_mem_pattern" not in rendered(cfg).parameters
+
+
+class TestWeights:
+    """Where the weights came from travels in the config, where Triton's model-config endpoint shows it."""
+
+    @pytest.mark.parametrize("weights", [random_weights(0), random_weights(12), "inception_v3.pth, sha256 0123abcd"])
+    def test_written_as_a_parameter(self, weights: str) -> None:
+        cfg = ServingConfig(name="m", inputs=(BOARD,), outputs=(VALUE,), weights=weights)
+        assert rendered(cfg).parameters[WEIGHTS_PARAMETER].string_value == weights
+
+    @pytest.mark.parametrize("cfg", SPECS.values(), ids=SPECS.keys())
+    def test_unknown_weights_are_not_written(self, cfg: ServingConfig) -> None:
+        assert WEIGHTS_PARAMETER not in rendered(cfg).parameters
+
+    @pytest.mark.parametrize(
+        ("weights", "random"),
+        [
+            (random_weights(0), True),
+            (random_weights(-7), True),
+            ("random (seed 0).pth, sha256 0123abcd", False),  # a file whose name starts like random weights
+            ("inception_v3.pth, sha256 0123abcd", False),
+            ("random", False),
+        ],
+    )
+    def test_random_weights_are_recognised(self, weights: str, random: bool) -> None:
+        assert weights_are_random(weights) is random
 
 
 class TestTensorSpec:

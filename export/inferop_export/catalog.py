@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
 
-from inferop.tritonconfig import TensorSpec
+from inferop.tritonconfig import TensorSpec, random_weights
 from inferop_export.exporter import Network
 from inferop_export.networks import (
     INCEPTION_CLASSES,
@@ -39,6 +40,7 @@ def conv_net(
         outputs=(TensorSpec(name="policy", dims=(moves,)), TensorSpec(name="value", dims=(1,))),
         make_input=boards,
         tolerance=CONV_NET_TOLERANCE,
+        weights=random_weights(seed),  # no trained conv net is shipped or loaded
     )
 
 
@@ -56,5 +58,16 @@ def inception_v3(weights: Path | None = None, seed: int = 0) -> Network:
         outputs=(TensorSpec(name="logits", dims=(INCEPTION_CLASSES,)),),
         make_input=images,
         tolerance=INCEPTION_TOLERANCE,
+        weights=random_weights(seed) if weights is None else file_weights(weights),
         labels=inception_categories(),
     )
+
+
+def file_weights(path: Path) -> str:
+    """The provenance of weights loaded from `path`: its name, and enough of its SHA-256 to tell two files apart
+    where the name alone would not (the export machine's path means nothing where the model is served)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return f"{path.name}, sha256 {digest.hexdigest()[:16]}"

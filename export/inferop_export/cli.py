@@ -118,6 +118,7 @@ def format_report(report: dict) -> str:
         f"  capacity: {profile['samples_per_cpu_second']:.1f} samples per CPU-second "
         f"(ONNX Runtime, one thread, batch {report['serving']['max_batch_size']}); "
         f"queue bound {report['serving']['max_queue_size']}",
+        f"  weights: {report['serving']['weights']}",
         f"  config: {report['configPath']}",
     ]
     return "\n".join(lines)

@@ -44,6 +44,7 @@ class Network:
     outputs: tuple[TensorSpec, ...]
     make_input: Callable[[int, torch.Generator], tuple[torch.Tensor, ...]]
     tolerance: float  # max |ONNX Runtime - PyTorch| accepted, per output element
+    weights: str  # where the weights came from (`random_weights(seed)` or a file), served with the config
     labels: list[str] | None = None  # class names for the first output (Triton's classification extension)
 
 
@@ -102,6 +103,7 @@ def export_network(
         name=network.name,
         inputs=network.inputs,
         outputs=_with_labels(network),
+        weights=network.weights,
         **(serving or {}),
     )
     model_dir = repo / network.name

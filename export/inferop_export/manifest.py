@@ -43,6 +43,7 @@ def build_manifest(
             "name": serving.name,
             "storageUri": storage_uri,
             "profile": profile.as_spec(),
+            **({"weights": serving.weights} if serving.weights is not None else {}),
             "inputs": [_tensor(t) for t in serving.inputs],
             "outputs": [_tensor(t) for t in serving.outputs],
         },
@@ -57,12 +58,8 @@ def build_manifest(
     memory = f"{math.ceil(peak * MEMORY_MARGIN / 2**20)}Mi"
     spec["resources"]["requests"]["memory"] = spec["resources"]["limits"]["memory"] = memory
     plan_service(parse_spec(spec))  # raises if the operator would refuse it
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": KIND,
-        "metadata": {"name": name or serving.name.replace("_", "-").lower()},
-        "spec": spec,
-    }
+    metadata = {"name": name or serving.name.replace("_", "-").lower()}
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": metadata, "spec": spec}
 
 
 def write_manifest(

@@ -12,6 +12,7 @@ recorded in a JSON state file that `down` and `status` read.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -40,7 +41,11 @@ log = logging.getLogger(__name__)
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
 # In start order; `down` stops them in reverse.
 COMPONENTS = BINARIES
-SERVICE_CIDR = "10.0.0.0/24"
+# kubeadm's default: about a million ClusterIPs (a /24 ran out at 254 Services: "range is full"). A /12 is the
+# largest range the apiserver accepts for IPv4.
+SERVICE_CIDR = "10.96.0.0/12"
+# The `kubernetes` Service takes the range's first address; the serving certificate names it.
+KUBERNETES_SERVICE_IP = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 GET_BINARIES = "scripts/kube-binaries.sh (builds Kubernetes once, or honours $KUBEBUILDER_ASSETS)"
 
@@ -200,7 +205,7 @@ def openssl_extensions() -> str:
     sans = ",".join(
         [
             "IP:127.0.0.1",
-            "IP:10.0.0.1",  # the `kubernetes` Service's cluster IP, the first of SERVICE_CIDR
+            f"IP:{KUBERNETES_SERVICE_IP}",
             "DNS:localhost",
             "DNS:kubernetes",
             "DNS:kubernetes.default",

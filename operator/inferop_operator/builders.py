@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import math
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -343,3 +344,42 @@ def build_hpa(service: Service, api_version: str) -> dict[str, Any]:
             "metrics": [metric],
         },
     }
+
+
+@dataclass(frozen=True)
+class Child:
+    """One kind of object an InferenceService owns: how it is named and built, and whether the spec wants it.
+
+    `api_version` None means the autoscaling version the server offers (discovered by the handlers), which
+    `build` receives as its second argument; the other builders ignore it.
+    """
+
+    kind: str
+    api_version: str | None
+    name: Callable[[Service], str]
+    build: Callable[[Service, str], dict[str, Any]]
+    wanted: Callable[[Service], bool] = lambda service: True
+    removal: tuple[str, str] = ("ChildRemoved", "no longer wanted")  # Event reason and why, on deletion
+
+
+# In the order they are applied. The Deployment comes last: a child the API server refuses leaves the running
+# pods as they were (no rollout to a config whose Service or HPA is missing), and the Deployment's watch
+# quiet. An unwanted child (the HPA once spec.autoscaling is unset) is deleted.
+CHILDREN = (
+    Child("ConfigMap", "v1", lambda s: s.config_map_name, lambda s, _: build_config_map(s)),
+    Child("Service", "v1", lambda s: s.name, lambda s, _: build_service(s)),
+    Child(
+        "HorizontalPodAutoscaler",
+        None,
+        lambda s: s.name,
+        build_hpa,
+        wanted=lambda s: s.spec.autoscaling is not None,
+        removal=("AutoscalingRemoved", "autoscaling unset"),
+    ),
+    Child("Deployment", "apps/v1", lambda s: s.name, lambda s, _: build_deployment(s)),
+)
+
+
+def build_children(service: Service, hpa_api_version: str) -> list[dict[str, Any]]:
+    """Every child the spec asks for, in the order they are applied."""
+    return [child.build(service, hpa_api_version) for child in CHILDREN if child.wanted(service)]

@@ -4,6 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+# After SIGTERM (or Ctrl-C) kopf stops gracefully, but it waits for every handler thread to return, and a
+# thread waiting on an API server that hangs returns only when its request times out (30 s). The graceful
+# stop gets this long; then the process exits without what is still waiting. Whatever the API server does,
+# the process is gone within STOP_BOUND_SECONDS, well inside the chart's terminationGracePeriodSeconds.
+# Nothing is lost: every write is a server-side apply that the next operator repeats on resume.
+STOP_SECONDS = 4.0
+STOP_BOUND_SECONDS = 5.0
+
+log = logging.getLogger("inferop.operator")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     # Exact namespaces need no watching of Namespaces and CRDs across the cluster, nor RBAC for it.
     settings.scanning.disabled = bool(args.namespace)
     asyncio.run(
-        kopf.operator(
+        operate(
             # One replica with a Recreate strategy: no peering needed to avoid two operators at once.
             standalone=True,
             clusterwide=not args.namespace,
@@ -40,3 +56,42 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+async def operate(**options: Any) -> None:
+    """kopf.operator() with our own SIGTERM/SIGINT handling: a stop flag for kopf and a deadline for the rest."""
+    import kopf
+
+    existing = asyncio.all_tasks()
+    stop = asyncio.Event()
+    tasks = await kopf.spawn_tasks(stop_flag=stop, **options)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        # Replaces kopf's own handler (installed by spawn_tasks), which would wait without a bound.
+        loop.add_signal_handler(signum, begin_stop, signum, stop)
+    await kopf.run_tasks(tasks, ignored=existing)
+
+
+def begin_stop(signum: signal.Signals, stop: asyncio.Event) -> None:
+    if stop.is_set():
+        return  # the deadline already runs
+    log.info("%s received: stopping, within %g s", signum.name, STOP_SECONDS)
+    stop.set()
+    deadline = threading.Timer(STOP_SECONDS, exit_now)
+    deadline.daemon = True  # a stop that finishes in time leaves it behind
+    deadline.start()
+
+
+def exit_now() -> None:
+    """The graceful stop ran out of time: exit without the threads still waiting on the API server."""
+    waiting = [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+    log.warning(
+        "the graceful stop took over %g s: exiting now (threads still waiting: %s); what they were writing is "
+        "applied again on resume",
+        STOP_SECONDS,
+        ", ".join(waiting) or "none",
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

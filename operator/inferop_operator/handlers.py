@@ -9,14 +9,23 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from inferop_operator.builders import Service, build_config_map, build_deployment, build_hpa, build_service
-from inferop_operator.kubeapi import KubeApi, load_client
+from inferop_operator.builders import CHILDREN, Service
+from inferop_operator.kubeapi import ApiFailure, KubeApi, load_client
 from inferop_operator.plan import Refusal, plan_service
 from inferop_operator.settings import OperatorSettings
 from inferop_operator.spec import GROUP, KIND, PLURAL, VERSION, InferenceServiceSpec, SpecError, parse_spec
-from inferop_operator.status import deployed_status, invalid_status, refused_status
+from inferop_operator.status import (
+    children_failed,
+    children_failed_status,
+    deployed_status,
+    failure_message,
+    invalid_status,
+    refused_status,
+    same_condition,
+)
 
 SETTINGS = OperatorSettings()
+log = logging.getLogger(__name__)
 MANAGED = {"app.kubernetes.io/managed-by": "inferop"}
 _api: KubeApi | None = None
 
@@ -52,9 +61,17 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 def reconcile(
-    name: str, namespace: str, uid: str, raw_spec: Any, generation: int | None, status: Any, body: Any
+    name: str,
+    namespace: str,
+    uid: str,
+    raw_spec: Any,
+    generation: int | None,
+    status: Any,
+    body: Any,
+    retry: int = 0,
 ) -> dict[str, Any]:
-    """Apply the children for a valid, safe spec and return the status; raise PermanentError otherwise."""
+    """Apply the children for a valid, safe spec and return the status; raise PermanentError for a spec that
+    cannot run, TemporaryError (with a backoff over `retry`) for a child the API server refused for now."""
     current = dict(status or {})
     previous = current.get("conditions")
     try:
@@ -74,24 +91,52 @@ def reconcile(
         kopf.warn(body, reason="Warning", message=warning)
 
     service = Service(name=name, namespace=namespace, uid=uid, spec=spec, plan=plan, image=image_for(spec))
-    kube = api()
     try:
-        kube.apply(build_config_map(service))
-        deployment = kube.apply(build_deployment(service))
-        kube.apply(build_service(service))
-        if spec.autoscaling is not None:
-            kube.apply(build_hpa(service, kube.hpa_api_version))
-        elif kube.delete(kube.hpa_api_version, "HorizontalPodAutoscaler", namespace, name):
-            kopf.info(body, reason="AutoscalingRemoved", message="autoscaling unset: HorizontalPodAutoscaler deleted")
-    except ApiException as error:
-        # The status code stays visible; 4xx other than conflicts will not heal by retrying fast.
-        delay = 5 if error.status in (409, 429) or error.status >= 500 else 30
-        raise kopf.TemporaryError(
-            f"applying children failed: {error.status} {error.reason}: {error.body}", delay=delay
-        ) from error
+        deployment = apply_children(service, body)
+    except ChildFailed as failed:
+        failure = failed.failure
+        new_status = children_failed_status(service, failure, generation, previous)
+        # One Warning per new answer; retries that meet the same answer only log it.
+        if not same_condition("ChildrenApplied", current, new_status):
+            kopf.warn(body, reason=failure.reason, message=failure_message(failure))
+        try:
+            patch_status(namespace, name, current, new_status)
+        except ApiException as error:  # an apiserver that refuses the child may refuse this too
+            log.warning("status of %s/%s not written: %s %s", namespace, name, error.status, error.reason)
+        if failure.permanent:
+            raise kopf.PermanentError(failure.explain()) from failed.__cause__
+        raise kopf.TemporaryError(failure.explain(), delay=failure.delay(retry)) from failed.__cause__
     new_status = deployed_status(service, deployment, generation, previous)
     patch_status(namespace, name, current, new_status)
     return new_status
+
+
+class ChildFailed(Exception):
+    """The API server refused a request about one child; `failure` says which and why."""
+
+    def __init__(self, failure: ApiFailure):
+        super().__init__(failure.explain())
+        self.failure = failure
+
+
+def apply_children(service: Service, body: Any) -> dict[str, Any]:
+    """Apply every child the spec wants and delete those it no longer wants; return the applied Deployment."""
+    kube = api()
+    applied: dict[str, Any] = {}
+    for child in CHILDREN:
+        name = child.name(service)
+        action = "apply" if child.wanted(service) else "delete"
+        try:
+            # The HPA's version is discovered once (a GET of /apis/autoscaling), with the first HPA request.
+            version = child.api_version or kube.hpa_api_version
+            if action == "apply":
+                applied[child.kind] = kube.apply(child.build(service, version))
+            elif kube.delete(version, child.kind, service.namespace, name):
+                reason, why = child.removal
+                kopf.info(body, reason=reason, message=f"{why}: {child.kind} {name} deleted")
+        except ApiException as error:
+            raise ChildFailed(ApiFailure.of(error, action, child.kind, name)) from error
+    return applied["Deployment"]
 
 
 def image_for(spec: InferenceServiceSpec) -> str:
@@ -108,10 +153,10 @@ def patch_status(namespace: str, name: str, current: dict[str, Any], new: dict[s
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 def on_change(
-    name: str, namespace: str | None, uid: str, spec: Any, meta: Any, status: Any, body: Any, **_: Any
+    name: str, namespace: str | None, uid: str, spec: Any, meta: Any, status: Any, body: Any, retry: int, **_: Any
 ) -> None:
     assert namespace is not None, "InferenceServices are namespaced"
-    result = reconcile(name, namespace, uid, spec, meta.get("generation"), status, body)
+    result = reconcile(name, namespace, uid, spec, meta.get("generation"), status, body, retry)
     threads = result["threads"]
     kopf.info(
         body,
@@ -124,12 +169,15 @@ def on_change(
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.resync_seconds, initial_delay=SETTINGS.resync_seconds)
-def resync(name: str, namespace: str | None, uid: str, spec: Any, meta: Any, status: Any, body: Any, **_: Any) -> None:
-    """Re-apply on a timer so manual edits of children are reverted; invalid specs stay as reported."""
+def resync(
+    name: str, namespace: str | None, uid: str, spec: Any, meta: Any, status: Any, body: Any, retry: int = 0, **_: Any
+) -> None:
+    """Re-apply on a timer so manual edits of children are reverted; a spec that failed for good (Failed: invalid,
+    refused, or a child the API server rejects as invalid) stays as reported until it changes."""
     assert namespace is not None, "InferenceServices are namespaced"
     if (status or {}).get("phase") == "Failed" and (status or {}).get("observedGeneration") == meta.get("generation"):
         return
-    reconcile(name, namespace, uid, spec, meta.get("generation"), status, body)
+    reconcile(name, namespace, uid, spec, meta.get("generation"), status, body, retry)
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
@@ -149,6 +197,8 @@ def deployment_event(body: Any, namespace: str | None, type: str, services: kopf
     parent = next(iter(known))
     if "observedGeneration" not in parent["status"]:
         return  # not reconciled yet: the service handler writes the first status
+    if children_failed(parent["status"]):
+        return  # a child is missing: the service handler reports it until it is applied
     try:
         spec = parse_spec(parent["spec"])
         plan = plan_service(spec, SETTINGS.runtime_costs())

@@ -1,14 +1,18 @@
 """The one module that talks to the API server: server-side apply, get, delete, discovery.
 
 404 is interpreted here (absent, not an error); every other status travels up unchanged in the
-`ApiException`, so callers can tell a conflict from a permission problem.
+`ApiException`, so callers can tell a conflict from a permission problem. `ApiFailure` reads such an
+exception the way a user needs it: the status code, the server's reason and message, and whether
+asking again can help.
 """
 
 from __future__ import annotations
 
 import functools
+import http
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client, config
@@ -24,6 +28,14 @@ PLURALS = {
     "InferenceService": PLURAL,
 }
 REQUEST_TIMEOUT = 30  # seconds; no call to the API server may hang
+# The request itself is wrong (422 Invalid: a child's name or field the server rejects, 400, 413 too large,
+# 415): the same spec sends the same request again, so asking again cannot help.
+PERMANENT_STATUSES = frozenset({400, 413, 415, 422})
+# Seconds before the first retry, doubled on each further one up to RETRY_MAX_SECONDS: a server error, a
+# conflict or throttling may pass soon; a refusal (403 forbidden by RBAC or a quota, 404) waits for a person.
+RETRY_SOON_SECONDS = 5.0
+RETRY_LATER_SECONDS = 30.0
+RETRY_MAX_SECONDS = 300.0
 
 
 def load_client() -> client.ApiClient:
@@ -40,6 +52,71 @@ def resource_path(api_version: str, kind: str, namespace: str, name: str | None 
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}"
     return f"{path}/{name}" if name else path
+
+
+@dataclass(frozen=True)
+class ApiFailure:
+    """A request about one object that the API server refused, as a user reads it: what was asked
+    (`action` on `kind` `name`), the HTTP status, the server's reason (`Forbidden`, `Invalid`,
+    `InternalError`...) and its message."""
+
+    action: str  # apply, delete
+    kind: str
+    name: str
+    status: int
+    reason: str
+    message: str
+    retry_after: float | None = None  # seconds the server asked for (Retry-After)
+
+    @classmethod
+    def of(cls, error: ApiException, action: str, kind: str, name: str) -> ApiFailure:
+        status = int(error.status or 0)
+        body = error.body.decode(errors="replace") if isinstance(error.body, bytes) else str(error.body or "")
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        # Anything but a Status is not the apiserver's own answer (a proxy's page, an empty body).
+        answer: dict[str, Any] = parsed if isinstance(parsed, dict) and parsed.get("kind") == "Status" else {}
+        given = answer.get("details")
+        details: dict[str, Any] = given if isinstance(given, dict) else {}
+        retry_after = (error.headers or {}).get("Retry-After") or details.get("retryAfterSeconds")
+        try:
+            seconds = float(retry_after) if retry_after is not None else None
+        except ValueError:
+            seconds = None  # an HTTP date: the backoff decides
+        return cls(
+            action=action,
+            kind=kind,
+            name=name,
+            status=status,
+            reason=str(answer.get("reason") or _reason_of(status, error.reason)),
+            message=str(answer.get("message") or body.strip() or error.reason or "no message"),
+            retry_after=seconds,
+        )
+
+    @property
+    def permanent(self) -> bool:
+        return self.status in PERMANENT_STATUSES
+
+    def delay(self, retry: int) -> float:
+        """Seconds before attempt `retry + 1`: an exponential backoff, never shorter than Retry-After."""
+        soon = self.status in (409, 429) or self.status >= 500 or self.status == 0
+        first = RETRY_SOON_SECONDS if soon else RETRY_LATER_SECONDS
+        backoff = min(first * 2 ** min(max(retry, 0), 16), RETRY_MAX_SECONDS)
+        return max(backoff, self.retry_after or 0.0)
+
+    def explain(self) -> str:
+        return f"{self.action} {self.kind} {self.name}: {self.status} {self.reason}: {self.message}"
+
+
+def _reason_of(status: int, phrase: str | None) -> str:
+    """A CamelCase reason from the HTTP status, for an answer that is not the apiserver's (502 -> BadGateway)."""
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = phrase or "Unknown"
+    return "".join(word[:1].upper() + word[1:] for word in phrase.replace("-", " ").split()) or "Unknown"
 
 
 class KubeApi:

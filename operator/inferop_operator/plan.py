@@ -121,6 +121,7 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
         request_timeout_microseconds=round(spec.timeouts.request_seconds * 1_000_000),
         intra_op_threads=threads.intra_op,
         inter_op_threads=threads.inter_op,
+        weights=spec.model.weights,
     )
     return Plan(serving=serving, threads=threads, cpu_source=cpu_source, queue=queue, memory=memory, warnings=warnings)
 

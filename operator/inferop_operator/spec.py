@@ -95,6 +95,15 @@ class Model(Section):
         ),
     )
     profile: Profile = Field(description="Cost of the model as reported by inferop export.")
+    weights: str | None = Field(
+        default=None,
+        max_length=256,
+        description=(
+            "Where the weights came from, as inferop export records it: 'random (seed N)', or a weights file's "
+            "name and SHA-256 prefix. Written into the served config (parameter inferop_weights), where "
+            "`inferop infer` reads it and says when answers come from random weights."
+        ),
+    )
     inputs: list[Tensor] = Field(min_length=1, description="Model inputs.")
     outputs: list[Tensor] = Field(min_length=1, description="Model outputs.")
 

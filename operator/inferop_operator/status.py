@@ -7,11 +7,14 @@ and patch what these return.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from inferop_operator.builders import Service, selector_labels
+from inferop_operator.builders import CHILDREN, Service, selector_labels
 
-CONDITION_TYPES = ("Valid", "ThreadBudget", "MemoryFit", "Available", "Ready")
+if TYPE_CHECKING:  # the status stays free of the Kubernetes client; it only reads a failure's fields
+    from inferop_operator.kubeapi import ApiFailure
+
+CONDITION_TYPES = ("Valid", "ThreadBudget", "MemoryFit", "ChildrenApplied", "Available", "Ready")
 
 
 def now() -> str:
@@ -127,12 +130,7 @@ def deployed_status(
             available.get("reason", "Unknown"),
             available.get("message", ""),
         )
-    memory = service.plan.memory
-    memory_condition = (
-        condition("MemoryFit", True, "Fits", memory.explain())
-        if memory.available_bytes is not None
-        else condition("MemoryFit", None, "NotChecked", memory.explain())
-    )
+    applied = ", ".join(f"{kind} {name}" for kind, name in children(service))
     return {
         "phase": "Ready" if ready_condition["status"] == "True" else "Progressing",
         "url": service.url,
@@ -143,11 +141,80 @@ def deployed_status(
         "conditions": merge_conditions(
             previous,
             [
-                condition("Valid", True, "SpecValid", "the spec is valid"),
-                condition("ThreadBudget", True, "WithinBudget", service.plan.threads.explain()),
-                memory_condition,
+                *plan_conditions(service),
+                condition("ChildrenApplied", True, "Applied", f"{applied} applied"),
                 available_condition,
                 ready_condition,
             ],
         ),
     }
+
+
+def children(service: Service) -> list[tuple[str, str]]:
+    """(kind, name) of every child the spec asks for, in the order they are applied."""
+    return [(child.kind, child.name(service)) for child in CHILDREN if child.wanted(service)]
+
+
+def plan_conditions(service: Service) -> list[dict[str, str]]:
+    """The checks a planned spec passed: valid, within its thread budget, and its memory fit (or unchecked)."""
+    memory = service.plan.memory
+    return [
+        condition("Valid", True, "SpecValid", "the spec is valid"),
+        condition("ThreadBudget", True, "WithinBudget", service.plan.threads.explain()),
+        condition("MemoryFit", True, "Fits", memory.explain())
+        if memory.available_bytes is not None
+        else condition("MemoryFit", None, "NotChecked", memory.explain()),
+    ]
+
+
+def children_failed_status(
+    service: Service, failure: ApiFailure, generation: int | None, previous: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """Status of a planned service whose child the API server refused (`failure`).
+
+    A refusal that asking again cannot help (422 invalid...) is Failed, like an invalid spec, until the spec
+    changes; any other (500, 403 forbidden by a quota...) is Pending: it is retried with a backoff.
+    """
+    phase = "Failed" if failure.permanent else "Pending"
+    message = failure_message(failure)
+    # What the Deployment reported last still holds: the failure says nothing about its pods.
+    last = find_condition({"conditions": previous}, "Available")
+    available = [{key: str(last.get(key, "")) for key in ("type", "status", "reason", "message")}] if last else []
+    return {
+        "phase": phase,
+        "observedGeneration": generation,
+        **plan_status(service),
+        "conditions": merge_conditions(
+            previous,
+            [
+                *plan_conditions(service),
+                condition("ChildrenApplied", False, failure.reason, message),
+                *available,
+                condition("Ready", False, "ChildrenNotApplied", f"not every child is applied: {message}"),
+            ],
+        ),
+    }
+
+
+def failure_message(failure: ApiFailure) -> str:
+    outlook = "not retried until the spec changes" if failure.permanent else "retried with a backoff"
+    return f"{failure.explain()} ({outlook})"
+
+
+def find_condition(status: Any, kind: str) -> dict[str, Any] | None:
+    return next((c for c in (status or {}).get("conditions") or [] if c.get("type") == kind), None)
+
+
+def same_condition(kind: str, before: Any, after: Any) -> bool:
+    """Condition `kind` says the same (status, reason, message) in both statuses; its time may differ."""
+
+    def said(status: Any) -> tuple[Any, ...] | None:
+        found = find_condition(status, kind)
+        return (found.get("status"), found.get("reason"), found.get("message")) if found else None
+
+    return said(before) == said(after)
+
+
+def children_failed(status: Any) -> bool:
+    """True while the last reconcile left a child unapplied (ChildrenApplied is False)."""
+    return (find_condition(status, "ChildrenApplied") or {}).get("status") == "False"

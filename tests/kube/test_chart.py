@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from inferop.cluster.controlplane import ControlPlane
+from inferop_operator.cli import STOP_BOUND_SECONDS
 from tests.kube.conftest import REPO, Kubectl, kube_tools_dir, wait_for
 
 pytestmark = pytest.mark.integration
@@ -150,6 +151,8 @@ class TestRender:
         assert pod["serviceAccountName"] == "inferop" and pod["automountServiceAccountToken"] is True
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        # The operator stops within STOP_BOUND_SECONDS (tests/kube/test_shutdown.py): SIGKILL never cuts it short.
+        assert STOP_BOUND_SECONDS < pod["terminationGracePeriodSeconds"] <= 30
         assert by_kind(docs)[("ServiceAccount", "inferop")]["automountServiceAccountToken"] is False
 
         container = operator_container(docs)

@@ -161,6 +161,61 @@ class TestRefusals:
         assert kubectl.get("deployment", "bad-range", namespace) is None
 
 
+class TestChildrenTheApiServerRefuses:
+    def test_a_quota_forbidding_services_is_reported_and_retried(self, kubectl: Kubectl, namespace: str) -> None:
+        quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-services"}}
+        apply_text(kubectl, namespace, yaml.safe_dump({**quota, "spec": {"hard": {"services": "0"}}}))
+        wait_for(
+            lambda: (kubectl.get("resourcequota", "no-services", namespace) or {}).get("status", {}).get("hard"),
+            what="the quota controller to count the namespace",
+        )
+        apply_text(kubectl, namespace, manifest("quota-check"))
+
+        applied = wait_for(
+            lambda: condition(kubectl.get("infsvc", "quota-check", namespace), "ChildrenApplied"),
+            what="ChildrenApplied",
+        )
+        assert (applied["status"], applied["reason"]) == ("False", "Forbidden")
+        assert applied["message"].startswith('apply Service quota-check: 403 Forbidden: services "quota-check" is ')
+        assert "exceeded quota: no-services" in applied["message"]
+        service = kubectl.get("infsvc", "quota-check", namespace)
+        assert service is not None and service["status"]["phase"] == "Pending"
+        assert condition(service, "Ready")["reason"] == "ChildrenNotApplied"  # type: ignore[index]
+        events = wait_for(lambda: _events(kubectl, namespace, "Forbidden"), what="Warning event")
+        assert events[0]["type"] == "Warning" and "exceeded quota: no-services" in events[0]["message"]
+        assert kubectl.get("deployment", "quota-check", namespace) is None  # applied last, so never half-deployed
+
+        # Lifted, the next attempt applies every child (a resync at the latest).
+        kubectl.run("-n", namespace, "delete", "resourcequota", "no-services")
+        wait_for(
+            lambda: (
+                (condition(kubectl.get("infsvc", "quota-check", namespace), "ChildrenApplied") or {}).get("status")
+                == "True"
+            ),
+            timeout=RESYNC_SECONDS * 5 + 10,
+            what="ChildrenApplied True once the quota is gone",
+        )
+        assert kubectl.get("service", "quota-check", namespace) is not None
+        assert kubectl.get("deployment", "quota-check", namespace) is not None
+
+    def test_a_name_no_service_can_have_fails_for_good(self, kubectl: Kubectl, namespace: str) -> None:
+        # A valid name for an InferenceService (a DNS subdomain) but not for a Service (a DNS-1035 label).
+        apply_text(kubectl, namespace, manifest("7-up"))
+        applied = wait_for(
+            lambda: condition(kubectl.get("infsvc", "7-up", namespace), "ChildrenApplied"), what="ChildrenApplied"
+        )
+        assert (applied["status"], applied["reason"]) == ("False", "Invalid")
+        assert applied["message"].startswith(
+            'apply Service 7-up: 422 Invalid: Service "7-up" is invalid: metadata.name'
+        )
+        assert applied["message"].endswith("(not retried until the spec changes)")
+        service = kubectl.get("infsvc", "7-up", namespace)
+        assert service is not None and service["status"]["phase"] == "Failed"
+        events = wait_for(lambda: _events(kubectl, namespace, "Invalid"), what="Warning event")
+        assert events[0]["type"] == "Warning" and 'Service "7-up" is invalid' in events[0]["message"]
+        assert kubectl.get("deployment", "7-up", namespace) is None
+
+
 class TestConvergence:
     def test_spec_edits_patch_the_children_and_roll_the_pods(self, kubectl: Kubectl, namespace: str) -> None:
         apply_text(kubectl, namespace, manifest("edited"))
