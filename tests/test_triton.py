@@ -75,6 +75,14 @@ def onnxruntime_reference(model_repo: ExportedRepo) -> Callable[[str, np.ndarray
     return run
 
 
+def infer_command(triton: RunningServer, *args: str) -> subprocess.CompletedProcess[str]:
+    """`inferop infer` against the server, as a user runs it; fails the test on a non-zero exit."""
+    command = [str(INFEROP), "infer", "--url", triton.url, *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def process_group(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
@@ -301,14 +309,7 @@ class TestInferCommand:
         image = tmp_path / "noise.png"
         rng = np.random.default_rng(8)
         Image.fromarray(rng.integers(0, 256, size=(360, 420, 3), dtype=np.uint8)).save(image)
-        result = subprocess.run(
-            [str(INFEROP), "infer", "--url", triton.url, "--model", "inception_v3", str(image)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
+        result = infer_command(triton, "--model", "inception_v3", str(image))
         lines = result.stdout.splitlines()
         assert lines[0] == str(image)
         printed = [re.fullmatch(r"\s+(\d)\. (.+?)\s+(\d\.\d{4})", line) for line in lines[1:6]]
@@ -340,24 +341,7 @@ class TestInferCommand:
         )
         path = tmp_path / "board.txt"
         np.savetxt(path, board, fmt="%d")
-        result = subprocess.run(
-            [
-                str(INFEROP),
-                "infer",
-                "--url",
-                triton.url,
-                "--model",
-                "conv_net",
-                "--board",
-                str(path),
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
+        result = infer_command(triton, "--model", "conv_net", "--board", str(path), "--json")
         answer = json.loads(result.stdout)
         expected = onnxruntime_reference("conv_net", board.astype(np.float32)[None, None])
         np.testing.assert_allclose(answer["policy"], expected["policy"][0], atol=1e-5)
@@ -366,14 +350,7 @@ class TestInferCommand:
         assert answer["weights"] == "random (seed 0)"
 
     def test_a_board_answer_says_the_weights_are_random(self, triton: RunningServer) -> None:
-        result = subprocess.run(
-            [str(INFEROP), "infer", "--url", triton.url, "--model", "conv_net"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
+        result = infer_command(triton, "--model", "conv_net")
         lines = result.stdout.splitlines()
         assert lines[0].startswith("policy  0:")
         assert lines[-1] == (
