@@ -49,6 +49,7 @@ check: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m inferop_operator.crd --check
+	$(BIN)/pre-commit validate-config .pre-commit-config.yaml
 
 crd: $(STAMP)
 	$(BIN)/python -m inferop_operator.crd --write

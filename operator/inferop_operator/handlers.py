@@ -122,7 +122,7 @@ class ChildFailed(Exception):
 def apply_children(service: Service, body: Any) -> dict[str, Any]:
     """Apply every child the spec wants and delete those it no longer wants; return the applied Deployment."""
     kube = api()
-    applied: dict[str, Any] = {}
+    applied: dict[str, dict[str, Any]] = {}
     for child in CHILDREN:
         name = child.name(service)
         action = "apply" if child.wanted(service) else "delete"
@@ -188,7 +188,9 @@ def services(uid: str, spec: Any, status: Any, meta: Any, **_: Any) -> dict[str,
 
 # kopf passes indices as keyword arguments its handler protocols do not list.
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)  # type: ignore[arg-type]
-def deployment_event(body: Any, namespace: str | None, type: str, services: kopf.Index, **_: Any) -> None:
+def deployment_event(
+    body: Any, namespace: str | None, type: str, services: kopf.Index[str, dict[str, Any]], **_: Any
+) -> None:
     """Follow the Deployment's status into the owner's status (readiness, replicas, Available)."""
     owner = next((o for o in body.get("metadata", {}).get("ownerReferences", []) if o.get("kind") == KIND), None)
     known = services.get(owner["uid"]) if owner else None

@@ -41,10 +41,10 @@ RETRY_MAX_SECONDS = 300.0
 def load_client() -> client.ApiClient:
     """In-cluster credentials in a pod, else the current KUBECONFIG context."""
     try:
-        config.load_incluster_config()
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
         # KUBECONFIG is read now: the client library's default was fixed when it was first imported.
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
     return client.ApiClient()
 
 
@@ -103,7 +103,7 @@ class ApiFailure:
         """Seconds before attempt `retry + 1`: an exponential backoff, never shorter than Retry-After."""
         soon = self.status in (409, 429) or self.status >= 500 or self.status == 0
         first = RETRY_SOON_SECONDS if soon else RETRY_LATER_SECONDS
-        backoff = min(first * 2 ** min(max(retry, 0), 16), RETRY_MAX_SECONDS)
+        backoff = min(first * 2.0 ** min(max(retry, 0), 16), RETRY_MAX_SECONDS)
         return max(backoff, self.retry_after or 0.0)
 
     def explain(self) -> str:
@@ -142,7 +142,7 @@ class KubeApi:
             auth_settings=["BearerToken"],
         )
         response = self.api_client.call_api(*serialized, _request_timeout=REQUEST_TIMEOUT)
-        data = response.read()
+        data = response.read()  # type: ignore[no-untyped-call]
         if not 200 <= response.status < 300:
             raise ApiException(http_resp=response)
         return json.loads(data) if data else {}
