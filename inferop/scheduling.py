@@ -18,10 +18,10 @@ more often but not always: overload there is still rejected fast and bounded, wi
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Literal, get_args
 
 CpuScheduling = Literal["batch", "normal"]
-CPU_SCHEDULING_POLICIES: tuple[CpuScheduling, ...] = ("batch", "normal")
+CPU_SCHEDULING_POLICIES: tuple[CpuScheduling, ...] = get_args(CpuScheduling)
 DEFAULT_CPU_SCHEDULING: CpuScheduling = "batch"
 
 

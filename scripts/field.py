@@ -288,6 +288,7 @@ def drill_overload(machine: Machine, seconds: float = 60.0) -> dict[str, Any]:
                 alive = wait_out(server, 1.0)
                 if label == "inferop" and alive:
                     paired.append(closed_loop(server, network, callers, 20.0, machine).throughput)
+            around = sum(paired) / len(paired) if paired else None
             plot = OUT / f"overload-{label}-{factor:g}x.png"
             plot_open_loop(result, plot)
             runs.append(
@@ -295,7 +296,7 @@ def drill_overload(machine: Machine, seconds: float = 60.0) -> dict[str, Any]:
                     "deployment": label,
                     "factor": factor,
                     "config": describe(serving, policy),
-                    "capacity_around": round(sum(paired) / len(paired), 3) if paired else None,
+                    "capacity_around": None if around is None else round(around, 3),
                     "capacity_windows": [round(value, 3) for value in paired],
                     "result": result.as_dict(),
                     "usage": usage,
@@ -305,7 +306,7 @@ def drill_overload(machine: Machine, seconds: float = 60.0) -> dict[str, Any]:
             )
             print(
                 f"  overload/{label}/{factor:g}x: goodput {result.goodput:.2f}"
-                f"{f' (capacity around it {sum(paired) / len(paired):.2f})' if paired else ''}, ok p99 "
+                f"{'' if around is None else f' (capacity around it {around:.2f})'}, ok p99 "
                 f"{result.latency_ms.get('p99', float('nan')):.0f} ms, rejected {result.rejected}, "
                 f"peak {format_bytes(float(usage['memory_peak_bytes']))}, OOM kills {usage['oom_kills']}"
             )

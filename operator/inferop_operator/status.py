@@ -109,7 +109,7 @@ def deployed_status(
     ready = int(deployment_status.get("readyReplicas") or 0)
     current = int(deployment_status.get("replicas") or 0)
     caught_up = (deployment or {}).get("metadata", {}).get("generation") == deployment_status.get("observedGeneration")
-    available = next((c for c in deployment_status.get("conditions") or [] if c.get("type") == "Available"), None)
+    available = find_condition(deployment_status, "Available")
 
     if deployment is None:
         ready_condition = condition("Ready", False, "DeploymentMissing", "the Deployment does not exist yet")
