@@ -13,17 +13,21 @@ TOOLS_STAMP := $(CACHE)/.tools-ready
 help:
 	@echo "make demo      export both models, serve them with tritonserver, call and benchmark them"
 	@echo "make test      unit and integration tests (real tritonserver, control plane, helm)"
-	@echo "make check     ruff, mypy, and drift of generated files (CRD schema, chart CRD)"
+	@echo "make check     ruff, mypy, import contracts, and drift of generated files (CRD schema, chart CRD)"
 	@echo "make bench     speed and memory figures, as ratios measured in one run"
 	@echo "make field     the four field failures under a pod's limits, naive against inferop (out/field/report.md)"
 	@echo "make e2e-kind  end to end on a kind cluster (needs Docker and kind)"
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# One distribution per top-level folder (the core here, operator/, export/, devtools/), all four editable in one
+# step: the core's serve extra (tritonserver) and dev extra (checkers), export's torch and ONNX.
+DISTRIBUTIONS := pyproject.toml operator/pyproject.toml export/pyproject.toml devtools/pyproject.toml
+
+$(STAMP): $(DISTRIBUTIONS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/pip install --quiet -e '.[export,serve,dev]'
+	$(BIN)/pip install --quiet -e '.[serve,dev]' -e ./operator -e ./export -e ./devtools
 	touch $@
 
 tools: $(TOOLS_STAMP)
@@ -48,6 +52,7 @@ check: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m inferop_operator.crd --check
 	$(BIN)/pre-commit validate-config .pre-commit-config.yaml
 
@@ -70,4 +75,4 @@ e2e-kind: $(STAMP) $(TOOLS_STAMP)
 	bash scripts/e2e-kind.sh
 
 clean:
-	rm -rf $(VENV) model_repo/*/ out/ .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) model_repo/*/ out/ .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

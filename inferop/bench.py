@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferop.client import InferError, ModelInfo, call, connect, describe
+from inferop.client import InferError, ModelInfo, TensorInfo, call, connect, describe, sample_inputs
 from inferop.limits import describe_usage, parse_cpu_list, read_pod_usage
 from inferop.openloop import MAX_RATE
 
@@ -84,14 +84,22 @@ def statistics_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str,
 
 
 def sample_input(info: ModelInfo, batch: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((batch, *info.input_dims)).astype(np.float32)
+    """The first input's generated values: what the open-loop generator, which sends one tensor, sends."""
+    return sample_inputs(info, batch, seed)[0][1]
 
 
 def run_level(
-    url: str, info: ModelInfo, data: np.ndarray, concurrency: int, seconds: float, timeout: float
+    url: str,
+    info: ModelInfo,
+    data: list[tuple[TensorInfo, np.ndarray]],
+    concurrency: int,
+    seconds: float,
+    timeout: float,
 ) -> LevelResult:
-    """`concurrency` callers, each with its own connection, sending back to back until time is up."""
+    """`concurrency` callers, each with its own connection, sending `data` back to back until time is up."""
     import tritonclient.http as httpclient
+
+    samples = len(data[0][1]) if info.batched else 1
 
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     errors: list[list[str]] = [[] for _ in range(concurrency)]
@@ -100,14 +108,16 @@ def run_level(
 
     def caller(index: int) -> None:
         client = connect(url, timeout)
-        request = httpclient.InferInput(info.input_name, list(data.shape), "FP32")
-        request.set_data_from_numpy(data, binary_data=True)
+        requests = []
+        for tensor, array in data:
+            requests.append(httpclient.InferInput(tensor.name, list(array.shape), tensor.datatype))
+            requests[-1].set_data_from_numpy(array, binary_data=True)
         outputs = [httpclient.InferRequestedOutput(name, binary_data=True) for name in info.outputs]
         start_gate.wait()
         while time.monotonic() < stop_at:
             begin = time.perf_counter()
             try:
-                client.infer(info.name, [request], outputs=outputs)
+                client.infer(info.name, requests, outputs=outputs)
                 latencies[index].append(time.perf_counter() - begin)
             except Exception as error:  # every failure is counted and the first one reported
                 errors[index].append(str(error)[:200])
@@ -134,7 +144,7 @@ def run_level(
         requests=len(flat),
         errors=len(failures),
         seconds=round(elapsed, 3),
-        throughput=len(flat) * len(data) / elapsed,
+        throughput=len(flat) * samples / elapsed,
         p50_ms=p50,
         p90_ms=p90,
         p99_ms=p99,
@@ -151,7 +161,7 @@ def sweep(
     client = connect(url, timeout)
     info = describe(client, model)
     client.close()
-    data = sample_input(info, batch)
+    data = sample_inputs(info, batch)
     return [run_level(url, info, data, level, seconds, timeout) for level in levels]
 
 

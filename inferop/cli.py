@@ -1,7 +1,8 @@
 """The `inferop` command line.
 
-Each subcommand lives in its own module with `add_parser(subparsers)` and a `run(args) -> int`; modules are
-imported lazily so `inferop operator` never pays for torch and `inferop --help` stays instant.
+Each installed distribution registers its subcommands in the entry-point group `inferop.commands` (see
+`inferop.commands`). Only the chosen command's module is imported, so `inferop operator` never pays for torch
+and `inferop --help` stays instant.
 """
 
 from __future__ import annotations
@@ -10,25 +11,24 @@ import argparse
 import importlib
 import sys
 
-# subcommand -> (module, one-line help). The module defines add_arguments(parser) and run(args) -> int.
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "export": ("inferop_export.cli", "export a network to ONNX in a Triton model repository, verified"),
-    "serve": ("inferop.serving.cli", "serve a model repository with a local tritonserver"),
-    "infer": ("inferop.client", "call a Triton endpoint with the HTTP client"),
-    "bench": ("inferop.bench", "measure latency and throughput against concurrency"),
-    "cluster": ("inferop.cluster.cli", "a local Kubernetes control plane: up, down, status"),
-    "operator": ("inferop_operator.cli", "run the InferenceService operator"),
-}
+from inferop.commands import PROVIDERS, Command, CommandNotInstalled, installed, missing
+from inferop.errors import InferopError
 
 
-def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="inferop", description=__doc__.splitlines()[0])
+def build_parser(argv: list[str], commands: dict[str, Command] | None = None) -> argparse.ArgumentParser:
+    commands = installed() if commands is None else commands
+    absent = missing(commands)
+    epilog = None
+    if absent:
+        names = ", ".join(f"{name} ({PROVIDERS[name].distribution})" for name in absent)
+        epilog = f"not installed here: {names}"
+    parser = argparse.ArgumentParser(prog="inferop", description=__doc__.splitlines()[0], epilog=epilog)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
-        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+    chosen = _chosen(argv)
+    for name, command in commands.items():
+        sub = subparsers.add_parser(name, help=command.help, description=command.help)
         if name == chosen:  # only the chosen command's module is imported
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(command.module)
             module.add_arguments(sub)
             sub.set_defaults(handler=module.run)
     return parser
@@ -36,11 +36,23 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    commands = installed()
+    chosen = _chosen(argv)
+    if chosen in PROVIDERS and chosen not in commands:
+        print(f"inferop: {CommandNotInstalled(chosen)}", file=sys.stderr)
+        return 2
     try:
+        args = build_parser(argv, commands).parse_args(argv)
         return int(args.handler(args) or 0)
+    except InferopError as error:  # ours, with a message a user can act on: no traceback
+        print(f"inferop: {error}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _chosen(argv: list[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """`inferop infer`: call a Triton endpoint with `tritonclient.http` and binary tensors.
 
-Image classifiers get the standard Inception preprocessing and answer with the top-5 labels; board models
-get a board (a file or random) and answer with the move distribution and the value. Every answer says where the
+How inputs are made and outputs read is what the model's config declares (`inferop.processing`), never guessed
+from its name: image classifiers get their preprocessing and answer with the top labels; board models get a
+board (a file or random) and answer with the move distribution and the value; any other model takes each input
+from an .npy file or generated, and answers with every output's shape and values. Every answer says where the
 model's weights came from, read from its config: random weights answer too, and their answers mean nothing.
 """
 
@@ -16,28 +18,55 @@ from typing import Any
 
 import numpy as np
 
-# torchvision's ImageNet normalisation; Inception resizes the short side to 342 and crops 299.
-IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
-IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
-RESIZE_RATIO = 342 / 299
+from inferop.errors import InferopError
+from inferop.processing import PROCESSING_PARAMETER, Processing
+
 # What the answers of random weights still show, per kind of answer.
 LABELS_CAVEAT = "the labels show the pipeline working, not accuracy"
 BOARD_CAVEAT = "policy and value show the pipeline working, not playing strength"
+TENSORS_CAVEAT = "the outputs show the pipeline working, nothing more"
+CAVEATS = {"imageClassification": LABELS_CAVEAT, "policyValue": BOARD_CAVEAT, "tensors": TENSORS_CAVEAT}
+# Outputs up to this many values per sample are printed whole; larger ones as a summary.
+PRINTED_VALUES = 16
+NUMPY_TYPES = {
+    "FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32,
+    "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_,
+}  # fmt: skip
 
 
-class InferError(RuntimeError):
+class InferError(InferopError, RuntimeError):
     """A call that failed for a reason the user can act on; the message says which."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    datatype: str
+    dims: list[int]  # without the batch axis when the model batches; -1 where the size varies
 
 
 @dataclass(frozen=True)
 class ModelInfo:
     name: str
-    input_name: str
-    input_dims: list[int]  # without the batch axis
+    inputs: list[TensorInfo]
     outputs: list[str]
+    batched: bool  # max_batch_size > 0: every tensor has a leading batch axis
     labelled_output: str | None  # an output with a label file: the classification extension works on it
     classes: int
     weights: str | None  # where the weights came from, as `inferop export` recorded it; None: not recorded
+    processing: Processing  # as the config declares it; plain tensors if it does not
+
+    @property
+    def input_name(self) -> str:
+        return self.inputs[0].name
+
+    @property
+    def input_dims(self) -> list[int]:
+        return self.inputs[0].dims
+
+    def shape(self, tensor: TensorInfo, batch: int) -> list[int]:
+        dims = [max(d, 1) for d in tensor.dims]
+        return [batch, *dims] if self.batched else dims
 
 
 def connect(url: str, timeout: float) -> Any:
@@ -50,19 +79,26 @@ def describe(client: Any, model: str) -> ModelInfo:
     """Read the model's tensor contract from the server (metadata + config), translating errors."""
     metadata = call(client.get_model_metadata, model, what=f"model {model!r}")
     config = call(client.get_model_config, model, what=f"model {model!r}")
-    (tensor,) = metadata["inputs"][:1]
-    dims = (
-        [int(d) for d in tensor["shape"]][1:] if config.get("max_batch_size", 0) else [int(d) for d in tensor["shape"]]
-    )
+    batched = bool(config.get("max_batch_size", 0))
+    inputs = [
+        TensorInfo(t["name"], t["datatype"], [int(d) for d in t["shape"]][1 if batched else 0 :])
+        for t in metadata["inputs"]
+    ]
     labelled = next((o for o in config.get("output", []) if o.get("label_filename")), None)
+    text = config.get("parameters", {}).get(PROCESSING_PARAMETER, {}).get("string_value")
+    try:
+        processing = Processing.from_parameter(text)
+    except ValueError as error:
+        raise InferError(f"model {model!r}: its config's {PROCESSING_PARAMETER} is not understood ({error})") from None
     return ModelInfo(
         name=model,
-        input_name=tensor["name"],
-        input_dims=dims,
+        inputs=inputs,
         outputs=[o["name"] for o in metadata["outputs"]],
+        batched=batched,
         labelled_output=labelled["name"] if labelled else None,
         classes=int(labelled["dims"][0]) if labelled else 0,
         weights=recorded_weights(config),
+        processing=processing,
     )
 
 
@@ -100,22 +136,45 @@ def call(function: Any, *args: Any, what: str, **kwargs: Any) -> Any:
         raise InferError(f"{what}: no answer within the client timeout") from error
 
 
-def preprocess_image(path: Path, size: int) -> np.ndarray:
-    """Standard Inception preprocessing: resize the short side, centre crop, ImageNet-normalise, CHW."""
+def sample_picture() -> Any:
+    """A 400x320 picture drawn here (no downloads): sky, sun, a hill and a house; what an image classifier is
+    called with when no image is given."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (400, 320))
+    draw = ImageDraw.Draw(image)
+    for y in range(320):
+        draw.line([(0, y), (400, y)], fill=(90 + y // 4, 150 + y // 6, 235))
+    draw.ellipse((300, 30, 360, 90), fill=(255, 215, 60))
+    draw.ellipse((-100, 200, 500, 480), fill=(60, 150, 70))
+    draw.rectangle((140, 150, 260, 240), fill=(180, 60, 50))
+    draw.polygon([(130, 150), (200, 95), (270, 150)], fill=(110, 40, 30))
+    draw.rectangle((185, 195, 215, 240), fill=(70, 40, 20))
+    return image
+
+
+def preprocess_image(path: Path | None, size: int, processing: Processing) -> np.ndarray:
+    """The declared preprocessing: resize the short side, centre crop, normalise, CHW (the drawn sample
+    picture when `path` is None)."""
     from PIL import Image, UnidentifiedImageError
 
-    try:
-        with Image.open(path) as image:
-            rgb = image.convert("RGB")
-    except (FileNotFoundError, UnidentifiedImageError) as error:
-        raise InferError(f"image {path}: {error}") from error
-    short = round(size * RESIZE_RATIO)
+    if path is None:
+        rgb = sample_picture()
+    else:
+        try:
+            with Image.open(path) as image:
+                rgb = image.convert("RGB")
+        except (FileNotFoundError, UnidentifiedImageError) as error:
+            raise InferError(f"image {path}: {error}") from error
+    assert processing.resize_ratio is not None and processing.mean is not None and processing.std is not None
+    mean, std = np.array(processing.mean, dtype=np.float32), np.array(processing.std, dtype=np.float32)
+    short = round(size * processing.resize_ratio)
     scale = short / min(rgb.size)
     width, height = max(short, round(rgb.width * scale)), max(short, round(rgb.height * scale))
     resized = rgb.resize((width, height), Image.Resampling.BILINEAR)
     left, top = (resized.width - size) // 2, (resized.height - size) // 2
     crop = np.asarray(resized.crop((left, top, left + size, top + size)), dtype=np.float32) / 255.0
-    return ((crop - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1)
+    return ((crop - mean) / std).transpose(2, 0, 1)
 
 
 def load_board(path: Path | None, dims: list[int], seed: int) -> np.ndarray:
@@ -138,13 +197,15 @@ def softmax(values: np.ndarray) -> np.ndarray:
 
 
 def classify(
-    client: Any, info: ModelInfo, images: list[Path], top: int, timeout_us: int | None
+    client: Any, info: ModelInfo, images: list[Path | None], top: int, timeout_us: int | None
 ) -> list[dict[str, Any]]:
-    """Top-`top` labels with probabilities for each image, one batched request."""
+    """Top-`top` labels with probabilities for each image (None: the sample picture), one batched request."""
     import tritonclient.http as httpclient
 
+    if len(info.inputs) != 1 or len(info.input_dims) != 3 or info.input_dims[0] != 3:
+        raise InferError(f"model {info.name!r} takes {[(t.name, t.dims) for t in info.inputs]}, not one CHW image")
     size = info.input_dims[-1]
-    batch = np.stack([preprocess_image(path, size) for path in images])
+    batch = np.stack([preprocess_image(path, size, info.processing) for path in images])
     request = httpclient.InferInput(info.input_name, list(batch.shape), "FP32")
     request.set_data_from_numpy(batch, binary_data=True)
     output = info.labelled_output or info.outputs[0]
@@ -162,7 +223,7 @@ def classify(
         probabilities = softmax(logits)
         order = np.argsort(-probabilities)[:top]
         top_labels = [{"label": labels[i], "probability": float(probabilities[i])} for i in order]
-        results.append({"image": str(path), "top": top_labels, "weights": info.weights})
+        results.append({"image": str(path or "sample picture (drawn)"), "top": top_labels, "weights": info.weights})
     return results
 
 
@@ -182,10 +243,101 @@ def play(client: Any, info: ModelInfo, board: np.ndarray, timeout_us: int | None
     }
 
 
+def sample_inputs(info: ModelInfo, batch: int, seed: int = 0) -> list[tuple[TensorInfo, np.ndarray]]:
+    """Generated inputs for any model, seeded: standard normal floats, integers and booleans in {0, 1} (within
+    any vocabulary or embedding table); `batch` samples when the model batches, else its one shape."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for tensor in info.inputs:
+        if tensor.datatype not in NUMPY_TYPES:
+            raise InferError(f"input {tensor.name}: datatype {tensor.datatype} cannot be sent from here")
+        dtype, shape = NUMPY_TYPES[tensor.datatype], info.shape(tensor, batch)
+        if np.issubdtype(dtype, np.floating):
+            arrays.append((tensor, rng.standard_normal(shape).astype(dtype)))
+        else:
+            arrays.append((tensor, rng.integers(0, 2, size=shape).astype(dtype)))
+    return arrays
+
+
+def tensor_inputs(info: ModelInfo, files: list[str], seed: int) -> list[tuple[TensorInfo, np.ndarray]]:
+    """Every input from `--input NAME=FILE.npy` (checked against the model's dtype and shape) or generated;
+    one sample when the model batches."""
+    given: dict[str, Path] = {}
+    for text in files:
+        name, sep, path = text.partition("=")
+        if not sep or not path:
+            raise InferError(f"--input {text!r}: expected NAME=FILE.npy")
+        if name not in {t.name for t in info.inputs}:
+            raise InferError(f"--input {name}: model {info.name!r} has inputs {[t.name for t in info.inputs]}")
+        given[name] = Path(path)
+    arrays = []
+    for tensor, generated in sample_inputs(info, 1, seed):
+        if tensor.name in given:
+            shape = list(generated.shape)
+            array = load_array(given[tensor.name], tensor, generated.dtype)
+            array = array[None] if info.batched and list(array.shape) == shape[1:] else array
+            if list(array.shape) != shape and not (info.batched and list(array.shape[1:]) == shape[1:]):
+                raise InferError(f"--input {tensor.name}: shape {list(array.shape)}, the model takes {shape}")
+            arrays.append((tensor, array))
+        else:
+            arrays.append((tensor, generated))
+    return arrays
+
+
+def load_array(path: Path, tensor: TensorInfo, dtype: Any) -> np.ndarray:
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise InferError(f"--input {tensor.name}={path}: {error}") from error
+    if not np.can_cast(array.dtype, dtype, casting="same_kind"):
+        raise InferError(f"--input {tensor.name}={path}: {array.dtype} values, the model takes {tensor.datatype}")
+    return np.asarray(array, dtype=dtype)
+
+
+def call_with_tensors(
+    client: Any, info: ModelInfo, inputs: list[tuple[TensorInfo, np.ndarray]], timeout_us: int | None
+) -> dict[str, Any]:
+    """Send the tensors; every output with its shape, dtype, and values (a summary for large ones)."""
+    import tritonclient.http as httpclient
+
+    requests = []
+    for tensor, array in inputs:
+        request = httpclient.InferInput(tensor.name, list(array.shape), tensor.datatype)
+        request.set_data_from_numpy(array, binary_data=True)
+        requests.append(request)
+    outputs = [httpclient.InferRequestedOutput(name, binary_data=True) for name in info.outputs]
+    response = call(client.infer, info.name, requests, outputs=outputs, timeout=timeout_us, what=f"infer {info.name}")
+    answer: dict[str, Any] = {"outputs": {}, "weights": info.weights}
+    for name in info.outputs:
+        value = response.as_numpy(name)
+        entry: dict[str, Any] = {"shape": list(value.shape), "datatype": str(value.dtype)}
+        if value.size <= PRINTED_VALUES:
+            entry["values"] = value.ravel().tolist()
+        else:
+            numbers = value.astype(np.float64)
+            entry["summary"] = {
+                "min": float(numbers.min()),
+                "max": float(numbers.max()),
+                "mean": float(numbers.mean()),
+                "argmax": int(numbers.ravel().argmax()),
+            }
+        answer["outputs"][name] = entry
+    return answer
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP endpoint host:port")
     parser.add_argument("--model", required=True, help="model name")
-    parser.add_argument("images", nargs="*", type=Path, help="image files (image classifiers)")
+    parser.add_argument(
+        "images", nargs="*", type=Path, help="image files (image classifiers; default: a drawn picture)"
+    )
+    parser.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=FILE.npy",
+        help="an input's values (models of plain tensors; default: generated, seeded); repeat per input",
+    )
     parser.add_argument("--board", type=Path, help="board as .npy or text rows (board models; default random)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random board")
     parser.add_argument("--top", type=int, default=5, help="labels to show per image (default 5)")
@@ -198,27 +350,51 @@ def run(args: argparse.Namespace) -> int:
         client = connect(args.url, args.timeout)
         info = describe(client, args.model)
         timeout_us = int(args.timeout * 1e6)  # also the server-side queue timeout for this request
-        if args.images:
-            if len(info.input_dims) != 3 or info.input_dims[0] != 3:
-                raise InferError(f"model {args.model!r} takes {info.input_name} {info.input_dims}, not images")
-            result: Any = classify(client, info, args.images, args.top, timeout_us)
-        elif "policy" in info.outputs:
+        kind = info.processing.kind
+        misplaced = {"images": bool(args.images) and kind != "imageClassification",
+                     "--board": args.board is not None and kind != "policyValue",
+                     "--input": bool(args.input) and kind != "tensors"}  # fmt: skip
+        for what, wrong in misplaced.items():
+            if wrong:
+                raise InferError(f"model {args.model!r} declares {kind} processing: {what} does not apply to it")
+        if kind == "imageClassification":
+            result: Any = classify(client, info, list(args.images) or [None], args.top, timeout_us)
+        elif kind == "policyValue":
             result = play(client, info, load_board(args.board, info.input_dims, args.seed), timeout_us)
         else:
-            raise InferError(f"model {args.model!r} takes {info.input_name} {info.input_dims}: give image files")
+            result = call_with_tensors(client, info, tensor_inputs(info, args.input, args.seed), timeout_us)
     except InferError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(result, indent=2))
-    elif args.images:
-        for entry in result:
-            print(entry["image"])
-            for rank, item in enumerate(entry["top"], 1):
-                print(f"  {rank}. {item['label']:<30} {item['probability']:.4f}")
-        print(weights_note(info.weights, LABELS_CAVEAT))
     else:
-        moves = "  ".join(f"{i}:{p:.3f}" for i, p in enumerate(result["policy"]))
-        print(f"policy  {moves}\nbest move {result['bestMove']}   value {result['value']:+.4f}")
-        print(weights_note(info.weights, BOARD_CAVEAT))
+        print(format_answer(kind, result))
+        print(weights_note(info.weights, CAVEATS[kind]))
     return 0
+
+
+def format_answer(kind: str, result: Any) -> str:
+    if kind == "imageClassification":
+        lines = []
+        for entry in result:
+            lines.append(entry["image"])
+            lines += [
+                f"  {rank}. {item['label']:<30} {item['probability']:.4f}" for rank, item in enumerate(entry["top"], 1)
+            ]
+        return "\n".join(lines)
+    if kind == "policyValue":
+        moves = "  ".join(f"{i}:{p:.3f}" for i, p in enumerate(result["policy"]))
+        return f"policy  {moves}\nbest move {result['bestMove']}   value {result['value']:+.4f}"
+    lines = []
+    for name, entry in result["outputs"].items():
+        head = f"{name} {entry['datatype']} {entry['shape']}"
+        if "values" in entry:
+            lines.append(f"{head}: {entry['values']}")
+        else:
+            summary = entry["summary"]
+            lines.append(
+                f"{head}: min {summary['min']:.4g}, max {summary['max']:.4g}, mean {summary['mean']:.4g}, "
+                f"argmax {summary['argmax']}"
+            )
+    return "\n".join(lines)

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferop.errors import InferopError
 from inferop.quantity import format_bytes, parse_quantity
 
 CFS_PERIOD_US = 100_000  # the kubelet's CFS period: a CPU limit is a quota of CPU time per 100 ms
@@ -36,7 +37,7 @@ UNAVAILABLE = (
 _names = itertools.count()
 
 
-class LimitsError(RuntimeError):
+class LimitsError(InferopError, RuntimeError):
     """A limit is invalid or cannot be applied here; the message says what failed and how to fix it."""
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from inferop.errors import InferopError
 from inferop.paths import cache_dir, repo_root
 
 GET_PROMETHEUS = "run scripts/prometheus.sh (Debian's prometheus package)"
@@ -44,7 +45,7 @@ MONITORING_ON = ("--set", "monitoring.enabled=true", "--api-versions", "monitori
 READY_TIMEOUT_S = 30.0
 
 
-class PrometheusError(RuntimeError):
+class PrometheusError(InferopError, RuntimeError):
     """Prometheus, promtool or helm is missing, failed, or answered an error; the message says which."""
 
 

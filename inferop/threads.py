@@ -11,8 +11,10 @@ import math
 import os
 from dataclasses import dataclass
 
+from inferop.errors import InferopError
 
-class OversubscribedError(ValueError):
+
+class OversubscribedError(InferopError, ValueError):
     """The requested threads exceed the CPUs; the message shows the arithmetic and a fix."""
 
 

@@ -14,6 +14,8 @@ from google.protobuf import text_format
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tritonclient.grpc import model_config_pb2 as mc
 
+from inferop.processing import PROCESSING_PARAMETER, Processing
+
 ONNX_PLATFORM = "onnxruntime_onnx"
 MODEL_FILENAME = "model.onnx"
 # Where the served weights came from, as a config parameter so that any caller can read it from Triton's
@@ -26,10 +28,13 @@ Datatype = Literal["FP32", "FP16", "BF16", "FP64", "INT64", "INT32", "INT8", "UI
 DATATYPE_BYTES: dict[str, int] = {
     "FP32": 4, "FP16": 2, "BF16": 2, "FP64": 8, "INT64": 8, "INT32": 4, "INT8": 1, "UINT8": 1, "BOOL": 1
 }  # fmt: skip
+# Triton's spelling of a dim whose size each response decides (an output only: inputs are fixed here).
+DYNAMIC_DIM = -1
 
 
 class TensorSpec(BaseModel):
-    """One model input or output; `dims` exclude the batch axis, as Triton's config does."""
+    """One model input or output; `dims` exclude the batch axis, as Triton's config does (a model without a
+    batch axis, max_batch_size 0, has its full shape here). An output's dim may be -1: its size varies."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -41,13 +46,18 @@ class TensorSpec(BaseModel):
     )
 
     @property
+    def dynamic(self) -> bool:
+        return DYNAMIC_DIM in self.dims
+
+    @property
     def bytes_per_sample(self) -> int:
-        return math.prod(self.dims) * DATATYPE_BYTES[self.datatype]
+        """Bytes of one sample; a dynamic dim counts as 1 (the profile's measured ioBytesPerSample is better)."""
+        return math.prod(max(d, 1) for d in self.dims) * DATATYPE_BYTES[self.datatype]
 
     @model_validator(mode="after")
     def _positive_dims(self) -> TensorSpec:
-        if any(d < 1 for d in self.dims):
-            raise ValueError(f"tensor {self.name!r}: every dim must be >= 1 (got {list(self.dims)})")
+        if any(d < 1 and d != DYNAMIC_DIM for d in self.dims):
+            raise ValueError(f"tensor {self.name!r}: every dim must be >= 1, or -1 if dynamic (got {list(self.dims)})")
         return self
 
 
@@ -59,7 +69,7 @@ class ServingConfig(BaseModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     inputs: tuple[TensorSpec, ...] = Field(min_length=1)
     outputs: tuple[TensorSpec, ...] = Field(min_length=1)
-    max_batch_size: int = Field(default=8, ge=1, le=4096)
+    max_batch_size: int = Field(default=8, ge=0, le=4096, description="0: the model has no batch axis")
     instances: int = Field(default=1, ge=1, le=256)
     device: Literal["cpu", "gpu"] = "cpu"
     max_queue_delay_microseconds: int = Field(default=2000, ge=0)
@@ -85,6 +95,10 @@ class ServingConfig(BaseModel):
             "or a file's name and digest; None: not written (unknown)"
         ),
     )
+    processing: Processing | None = Field(
+        default=None,
+        description=f"how callers make inputs and read outputs, written as the parameter {PROCESSING_PARAMETER!r}",
+    )
     memory_pattern: bool = Field(
         default=False,
         description=(
@@ -100,13 +114,16 @@ class ServingConfig(BaseModel):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"tensor names must be distinct; repeated: {duplicates}")
+        dynamic = [t.name for t in self.inputs if t.dynamic]
+        if dynamic:
+            raise ValueError(f"inputs {dynamic} have a dynamic dim: warm-up and the memory estimate need fixed ones")
         return self
 
     @property
     def warmup_batch_sizes(self) -> tuple[int, ...]:
         """Warm up at batch 1 and at the largest batch, so the first real requests and the memory peak
-        are both paid for at load time, not by a caller."""
-        return tuple(sorted({1, self.max_batch_size}))
+        are both paid for at load time, not by a caller (a model without a batch axis: one request)."""
+        return tuple(sorted({1, max(self.max_batch_size, 1)}))
 
 
 def build_model_config(cfg: ServingConfig) -> mc.ModelConfig:
@@ -144,6 +161,8 @@ def build_model_config(cfg: ServingConfig) -> mc.ModelConfig:
         config.parameters["enable_mem_pattern"].string_value = "0"
     if cfg.weights is not None:
         config.parameters[WEIGHTS_PARAMETER].string_value = cfg.weights
+    if cfg.processing is not None:
+        config.parameters[PROCESSING_PARAMETER].string_value = cfg.processing.to_parameter()
 
     for batch in cfg.warmup_batch_sizes:
         warmup = config.model_warmup.add(name=f"warmup_batch_{batch}", batch_size=batch)
@@ -151,7 +170,11 @@ def build_model_config(cfg: ServingConfig) -> mc.ModelConfig:
             data = warmup.inputs[spec.name]
             data.data_type = _triton_type(spec.datatype)
             data.dims.extend(spec.dims)
-            data.random_data = True
+            # Random integers would index past any embedding table or vocabulary: integer inputs get zeros.
+            if spec.datatype.startswith("FP") or spec.datatype == "BF16":
+                data.random_data = True
+            else:
+                data.zero_data = True
     return config
 
 

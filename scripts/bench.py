@@ -107,8 +107,8 @@ def serving_bench(seconds: float) -> dict[str, Any]:
 
 def operator_bench(services: int, samples: int) -> dict[str, Any]:
     """Against a fresh local control plane with the operator as its own process (for its RSS)."""
-    from inferop.cluster.controlplane import ControlPlane
     from inferop.serving.tritonserver import free_port, http_status
+    from inferop_devtools.cluster.controlplane import ControlPlane
 
     tools = Path(
         subprocess.run(

@@ -74,7 +74,7 @@ trap 'exit 130' INT TERM
 
 # --- images --------------------------------------------------------------------------------------------
 if [[ ! -d model_repo/$MODEL ]]; then
-    log "exporting $MODEL into model_repo (needs the export extra: make install)"
+    log "exporting $MODEL into model_repo (needs the export distribution, export/: make install)"
     "$PYTHON" -m inferop.cli export "$MODEL" --repo model_repo >&2
 fi
 log "building $OPERATOR_IMAGE"

@@ -19,31 +19,26 @@ T = TypeVar("T")
 # A policy/value net small enough to export in a couple of seconds.
 TINY = {"rows": 6, "cols": 5, "depth": 2, "hidden": 8, "moves": 5}
 
-# Serving settings of the integration repository. The queue delay is long enough that concurrent batch-1
-# requests meet in the dynamic batcher; one instance each, so a long request keeps the model busy.
-SERVING = {
+# Serving settings of the integration repository, as an InferenceService spec spells them. The queue delay is
+# long enough that concurrent batch-1 requests meet in the dynamic batcher; one instance each, so a long
+# request keeps the model busy.
+SERVING: dict[str, dict[str, Any]] = {
     "conv_net": {
-        "max_batch_size": 8,
         "instances": 1,
-        "intra_op_threads": 1,
-        "inter_op_threads": 1,
-        "max_queue_delay_microseconds": 20_000,
-        "max_queue_size": 32,
-        "request_timeout_microseconds": 5_000_000,
+        "threads": {"intraOp": 1, "interOp": 1},
+        "batching": {"maxBatchSize": 8, "maxQueueDelayMicroseconds": 20_000, "maxQueueSize": 32},
+        "timeouts": {"requestSeconds": 5.0},
     },
     "inception_v3": {
-        "max_batch_size": 8,
         "instances": 1,
-        "intra_op_threads": 2,
-        "inter_op_threads": 1,
-        "max_queue_delay_microseconds": 20_000,
-        "max_queue_size": 16,
-        "request_timeout_microseconds": 10_000_000,
+        "threads": {"intraOp": 2, "interOp": 1},
+        "batching": {"maxBatchSize": 8, "maxQueueDelayMicroseconds": 20_000, "maxQueueSize": 16},
+        "timeouts": {"requestSeconds": 10.0},
     },
 }
 
 SERVE_EXTRA = "install the serving extra: .venv/bin/pip install -e '.[serve]' (or make install)"
-EXPORT_EXTRA = "install the export extra: .venv/bin/pip install -e '.[export]' (or make install)"
+EXPORT_EXTRA = "install the export distribution (torch, ONNX): .venv/bin/pip install -e ./export (or make install)"
 
 
 def wait_for(probe: Callable[[], T | None], timeout: float = 20.0, what: str = "condition", interval: float = 0.1) -> T:
@@ -60,11 +55,11 @@ def wait_for(probe: Callable[[], T | None], timeout: float = 20.0, what: str = "
 
 @pytest.fixture(scope="session")
 def inception_network() -> Any:
-    """catalog.inception_v3(): seeded random weights with recalibrated BatchNorm, built once."""
+    """inception_v3(): seeded random weights with recalibrated BatchNorm, built once."""
     pytest.importorskip("torchvision", reason=EXPORT_EXTRA)
-    from inferop_export import catalog
+    from inferop_export.networks.inception_v3 import inception_v3
 
-    return catalog.inception_v3()
+    return inception_v3()
 
 
 @dataclass(frozen=True)
@@ -79,13 +74,16 @@ class ExportedRepo:
 @pytest.fixture(scope="session")
 def model_repo(tmp_path_factory: pytest.TempPathFactory, inception_network: Any) -> ExportedRepo:
     """A Triton repository with the tiny conv net and the real Inception V3, exported and verified."""
-    from inferop_export import catalog
-    from inferop_export.exporter import export_network
+    from inferop_export.exporter import export_model
+    from inferop_export.networks.conv_net import conv_net
+    from inferop_operator.spec import parse_serving
 
     repo = tmp_path_factory.mktemp("model_repo")
     reports = {
-        "conv_net": export_network(catalog.conv_net(**TINY), repo, serving=SERVING["conv_net"], quiet=True),
-        "inception_v3": export_network(inception_network, repo, serving=SERVING["inception_v3"], quiet=True),
+        "conv_net": export_model(conv_net(**TINY), repo, serving=parse_serving(SERVING["conv_net"]), quiet=True),
+        "inception_v3": export_model(
+            inception_network, repo, serving=parse_serving(SERVING["inception_v3"]), quiet=True
+        ),
     }
     return ExportedRepo(path=repo, reports=reports)
 

@@ -31,7 +31,8 @@ def rendered_service(model_repo: Any) -> builders.Service:
 
     report = model_repo.reports["conv_net"]
     source = Path(report.config_path).parent
-    manifest = build_manifest(report.serving, report.profile, f"hostpath://{source}")
+    manifest = build_manifest(report.spec)
+    assert manifest["spec"]["model"]["storageUri"] == f"hostpath://{source.resolve()}"
     manifest["spec"]["timeouts"]["requestSeconds"] = 3
     spec = parse_spec(manifest["spec"])
     return builders.Service(

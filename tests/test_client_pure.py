@@ -13,8 +13,6 @@ from PIL import Image
 from inferop.bench import LevelResult, build_figure, percentiles, statistics_delta
 from inferop.client import (
     BOARD_CAVEAT,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     LABELS_CAVEAT,
     InferError,
     load_board,
@@ -23,7 +21,15 @@ from inferop.client import (
     softmax,
     weights_note,
 )
+from inferop.processing import Processing
 from inferop.tritonconfig import ServingConfig, TensorSpec, build_model_config, random_weights
+
+# What Inception declares: torchvision's ImageNet preprocessing.
+IMAGENET = Processing(
+    kind="imageClassification", resize_ratio=342 / 299, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]
+)
+IMAGENET_MEAN = np.array(IMAGENET.mean, dtype=np.float32)
+IMAGENET_STD = np.array(IMAGENET.std, dtype=np.float32)
 
 
 class TestPreprocessImage:
@@ -34,7 +40,7 @@ class TestPreprocessImage:
     ) -> None:
         path = tmp_path / "solid.png"
         Image.new("RGB", size, colour).save(path)
-        pixels = preprocess_image(path, 299)
+        pixels = preprocess_image(path, 299, IMAGENET)
         assert pixels.shape == (3, 299, 299)
         assert pixels.dtype == np.float32
         expected = (np.array(colour, dtype=np.float32) / 255 - IMAGENET_MEAN) / IMAGENET_STD
@@ -46,16 +52,27 @@ class TestPreprocessImage:
         image.paste((255, 0, 0), (0, 0, 200, 300))
         path = tmp_path / "halves.png"
         image.save(path)
-        pixels = preprocess_image(path, 299)
+        pixels = preprocess_image(path, 299, IMAGENET)
         red = (1 - IMAGENET_MEAN[0]) / IMAGENET_STD[0]
         blue = (1 - IMAGENET_MEAN[2]) / IMAGENET_STD[2]
         assert pixels[0, 150, 0] == pytest.approx(red, abs=1e-5)  # left edge of the crop: red
         assert pixels[2, 150, 298] == pytest.approx(blue, abs=1e-5)  # right edge: blue
 
+    def test_without_a_file_the_drawn_picture_is_used(self) -> None:
+        pixels = preprocess_image(None, 299, IMAGENET)
+        assert pixels.shape == (3, 299, 299)
+        assert pixels.std() > 0.1  # a picture, not a blank
+
+    def test_the_declared_normalisation_is_applied(self, tmp_path: Path) -> None:
+        path = tmp_path / "grey.png"
+        Image.new("RGB", (64, 64), (51, 51, 51)).save(path)
+        plain = Processing(kind="imageClassification", resize_ratio=1.0, mean=[0.0, 0.0, 0.0], std=[0.5, 0.5, 0.5])
+        np.testing.assert_allclose(preprocess_image(path, 32, plain), 0.4, atol=1e-6)  # 51/255 / 0.5
+
     def test_grey_and_palette_images_become_rgb(self, tmp_path: Path) -> None:
         path = tmp_path / "grey.png"
         Image.new("L", (320, 320), 128).save(path)
-        assert preprocess_image(path, 299).shape == (3, 299, 299)
+        assert preprocess_image(path, 299, IMAGENET).shape == (3, 299, 299)
 
     @pytest.mark.parametrize("content", [None, b"not an image"], ids=["missing", "not an image"])
     def test_unreadable_image_names_the_file(self, tmp_path: Path, content: bytes | None) -> None:
@@ -63,7 +80,7 @@ class TestPreprocessImage:
         if content is not None:
             path.write_bytes(content)
         with pytest.raises(InferError, match=re.escape(f"image {path}")):
-            preprocess_image(path, 299)
+            preprocess_image(path, 299, IMAGENET)
 
 
 BOARD = [

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from inferop.cluster.controlplane import (
+from inferop_devtools.cluster.controlplane import (
     KUBERNETES_SERVICE_IP,
     SERVICE_CIDR,
     ControlPlane,
@@ -223,9 +223,7 @@ def test_the_service_range_outgrows_a_slash_24(cluster: ControlPlane, api: clien
 
 def cli(*args: str, bin_dir: Path) -> subprocess.CompletedProcess[str]:
     """`inferop cluster ...` in a fresh interpreter, as a user runs it."""
-    root = Path(__file__).resolve().parent.parent
-    path = os.pathsep.join([str(root), str(root / "export"), str(root / "operator")])
-    env = {**os.environ, "PYTHONPATH": path, "KUBEBUILDER_ASSETS": str(bin_dir)}
+    env = {**os.environ, "KUBEBUILDER_ASSETS": str(bin_dir)}
     command = [sys.executable, "-m", "inferop.cli", "cluster", *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
 

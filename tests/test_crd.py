@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
+from inferop_operator.builders import Service
 from inferop_operator.crd import CRD_PATH, build_crd, main, render_crd
+from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
+from inferop_operator.status import Status, deployed_status
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "operator" / "examples"
@@ -92,10 +95,80 @@ class TestIdentity:
         assert (columns["Age"]["type"], columns["Age"]["jsonPath"]) == ("date", ".metadata.creationTimestamp")
         assert columns["Replicas"]["type"] == "integer"
 
-    def test_spec_required_and_status_open(self, version: dict[str, Any]) -> None:
+    def test_spec_required_and_status_typed(self, version: dict[str, Any]) -> None:
         root = version["schema"]["openAPIV3Schema"]
         assert root["required"] == ["spec"]
-        assert root["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
+        assert "x-kubernetes-preserve-unknown-fields" not in root["properties"]["status"]
+
+    def test_scale_and_printer_paths_are_in_the_status_schema(self, version: dict[str, Any]) -> None:
+        status = dict(nodes(version["schema"]["openAPIV3Schema"]["properties"]["status"], ".status"))
+        assert status[".status.replicas"]["type"] == "integer"
+        assert status[".status.selector"]["type"] == "string"
+        for column in version["additionalPrinterColumns"]:
+            path = column["jsonPath"].split("[")[0]
+            if path.startswith(".status"):
+                assert path in status, column
+        assert status[".status.conditions[].status"]["enum"] == ["True", "False", "Unknown"]
+
+
+def every_key(value: Any, path: str = ".status") -> Iterator[str]:
+    """Dotted paths of every field in a written status, list items as []."""
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield f"{path}.{key}"
+            yield from every_key(child, f"{path}.{key}")
+    elif isinstance(value, list):
+        for item in value:
+            yield f"{path}[]"
+            yield from every_key(item, f"{path}[]")
+
+
+@pytest.fixture(scope="module")
+def status_schema(version: dict[str, Any]) -> dict[str, Any]:
+    return dict(version["schema"]["openAPIV3Schema"]["properties"]["status"])
+
+
+@pytest.fixture(scope="module")
+def written() -> dict[str, Any]:
+    """A status with every field set: a measured capacity, a memory limit, warnings, a Deployment's report."""
+    raw = yaml.safe_load((EXAMPLES / "conv-net.yaml").read_text())["spec"]
+    raw["model"]["profile"]["samplesPerCpuSecond"] = 900.0
+    raw["threads"] = {"intraOp": 4, "allowOversubscription": True}  # a warning
+    spec = parse_spec(raw)
+    service = Service(name="conv-net", namespace="models", uid="u", spec=spec, plan=plan_service(spec), image="t")
+    available = {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable", "message": "ok"}
+    deployment = {
+        "metadata": {"generation": 1},
+        "spec": {"replicas": 1},
+        "status": {"observedGeneration": 1, "replicas": 1, "readyReplicas": 1, "conditions": [available]},
+    }
+    status = deployed_status(service, deployment, 1, Status()).model_dump(by_alias=True, exclude_none=True)
+    assert status["warnings"] and status["queue"]["capacitySamplesPerSecond"] and status["memory"]["availableBytes"]
+    return status
+
+
+class TestStatusSchema:
+    """The API server prunes every status field its schema does not list: each one the operator writes is there."""
+
+    def test_every_written_field_is_in_the_schema(self, status_schema: dict[str, Any], written: dict[str, Any]) -> None:
+        listed = {path for path, _ in nodes(status_schema, ".status")}
+        assert set(every_key(written)) - listed == set()
+
+    def test_the_model_lists_nothing_it_never_writes(
+        self, status_schema: dict[str, Any], written: dict[str, Any]
+    ) -> None:
+        listed = {path for path, _ in nodes(status_schema, ".status")} - {".status"}
+        assert listed - set(every_key(written)) == set()
+
+    def test_a_written_status_is_valid(self, validator: Any, written: dict[str, Any]) -> None:
+        errors = [e.message for e in validator.iter_errors({"spec": {}, "status": written})]
+        assert [e for e in errors if "'model' is a required property" not in e] == []
+
+    def test_structural_documented_and_without_defaults(self, status_schema: dict[str, Any]) -> None:
+        for path, node in nodes(status_schema, ".status"):
+            assert not {"$ref", "$defs", "title", "allOf", "oneOf", "anyOf", "default"} & set(node), path
+            assert node.get("type") in ("object", "array", "string", "integer", "number", "boolean"), path
+            assert node.get("description", "").strip() or path.endswith("[]"), path
 
 
 class TestSchema:

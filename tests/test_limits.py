@@ -403,11 +403,12 @@ def tiny_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A repository with the tiny conv net only: a server on it starts in seconds."""
     pytest.importorskip("pytriton", reason=SERVE_EXTRA)
     pytest.importorskip("torch", reason=EXPORT_EXTRA)
-    from inferop_export import catalog
-    from inferop_export.exporter import export_network
+    from inferop_export.exporter import export_model
+    from inferop_export.networks.conv_net import conv_net
+    from inferop_operator.spec import parse_serving
 
     repo = tmp_path_factory.mktemp("tiny_repo")
-    export_network(catalog.conv_net(**TINY), repo, serving=SERVING["conv_net"], quiet=True)
+    export_model(conv_net(**TINY), repo, serving=parse_serving(SERVING["conv_net"]), quiet=True)
     return repo
 
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from inferop_export.networks import INCEPTION_CLASSES, INCEPTION_SIZE, PolicyValueNet, build_inception_v3
+from inferop_export.networks.conv_net import PolicyValueNet, conv_net
+from inferop_export.networks.inception_v3 import INCEPTION_CLASSES, INCEPTION_SIZE, build_inception_v3, inception_v3
 
 
 class TestPolicyValueNet:
@@ -102,20 +103,16 @@ class TestBuildInceptionV3:
             build_inception_v3(weights=path)
 
 
-class TestCatalogWeights:
+class TestNetworkWeights:
     """Each network says where its weights came from; export writes it into config.pbtxt."""
 
     def test_random_weights_name_their_seed(self, inception_network: Any) -> None:
-        from inferop_export import catalog
-
         assert inception_network.weights == "random (seed 0)"
-        assert catalog.conv_net(rows=4, cols=4, depth=1, hidden=2, moves=3, seed=5).weights == "random (seed 5)"
+        assert conv_net(rows=4, cols=4, depth=1, hidden=2, moves=3, seed=5).weights == "random (seed 5)"
 
     def test_a_weights_file_is_named_with_its_digest(self, weights_file: Path) -> None:
         import hashlib
 
-        from inferop_export import catalog
-
-        network = catalog.inception_v3(weights=weights_file, seed=3)
+        network = inception_v3(weights=weights_file, seed=3)
         digest = hashlib.sha256(weights_file.read_bytes()).hexdigest()
         assert network.weights == f"inception_v3.pth, sha256 {digest[:16]}"

@@ -268,7 +268,7 @@ class TestAgainstTriton:
         self, triton: RunningServer, model_repo: ExportedRepo
     ) -> None:
         # Inception answers a few tens of images a second here; 80/s overflows its queue of 16 within a second.
-        assert SERVING["inception_v3"]["max_queue_size"] == 16
+        assert SERVING["inception_v3"]["batching"]["maxQueueSize"] == 16
         image = self.image(model_repo)
         result = run_open_loop(self.url, "inception_v3", image, 80, 1.5, timeout=60, process="fixed")
         self.wait_until_idle(triton, image)

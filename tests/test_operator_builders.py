@@ -1,4 +1,4 @@
-"""The children an InferenceService owns, as the cluster sees them: Deployment, ConfigMap, Service, HPA."""
+"""The children an InferenceService owns, as the cluster sees them: Deployment, ConfigMap, Service, HPA, PDB."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from inferop_operator.builders import (
     MODEL_REPOSITORY,
     MODEL_SOURCE,
     Service,
-    build_children,
     build_config_map,
     build_deployment,
     build_hpa,
+    build_pdb,
     build_service,
     layout_script,
     source_volume,
@@ -567,17 +567,55 @@ class TestHpa:
 AUTOSCALED = {"autoscaling": {"minReplicas": 1, "maxReplicas": 3, "target": 50}}
 
 
+class TestPodDisruptionBudget:
+    def test_evicts_one_pod_at_a_time_of_the_deployments_pods(self) -> None:
+        service = make_service(raw_spec(replicas=3))
+        pdb = build_pdb(service, "policy/v1")
+        assert (pdb["apiVersion"], pdb["kind"], pdb["metadata"]["name"]) == (
+            "policy/v1",
+            "PodDisruptionBudget",
+            "conv-net",
+        )
+        assert pdb["spec"] == {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": build_deployment(service)["spec"]["selector"]["matchLabels"]},
+        }
+        assert pdb["metadata"]["ownerReferences"] == [owner_reference()]
+
+    @pytest.mark.parametrize(
+        ("sections", "wanted"),
+        [
+            ({"replicas": 1}, False),
+            ({"replicas": 0}, False),
+            ({"replicas": 2}, True),
+            (AUTOSCALED, True),
+            ({"autoscaling": {"minReplicas": 1, "maxReplicas": 1, "target": 50}, "replicas": 4}, False),
+        ],
+        ids=["one replica", "scaled to zero", "two replicas", "hpa up to 3", "hpa pinned to one"],
+    )
+    def test_only_where_more_than_one_pod_may_run(self, sections: dict[str, Any], wanted: bool) -> None:
+        (pdb,) = (child for child in CHILDREN if child.kind == "PodDisruptionBudget")
+        assert pdb.wanted(make_service(raw_spec(**sections))) is wanted
+
+
+def wanted_children(sections: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the reconcile loop applies for a spec, each child at its preferred version."""
+    service = make_service(raw_spec(**sections))
+    return [child.build(service, child.api_version(child.versions[0])) for child in CHILDREN if child.wanted(service)]
+
+
 class TestChildren:
     @pytest.mark.parametrize(
         ("sections", "kinds"),
         [
             ({}, ["ConfigMap", "Service", "Deployment"]),
-            (AUTOSCALED, ["ConfigMap", "Service", "HorizontalPodAutoscaler", "Deployment"]),
+            ({"replicas": 2}, ["ConfigMap", "Service", "PodDisruptionBudget", "Deployment"]),
+            (AUTOSCALED, ["ConfigMap", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Deployment"]),
         ],
-        ids=["fixed replicas", "autoscaled"],
+        ids=["one replica", "two replicas", "autoscaled"],
     )
     def test_what_the_spec_wants_with_the_deployment_last(self, sections: dict[str, Any], kinds: list[str]) -> None:
-        built = build_children(make_service(raw_spec(**sections)), "autoscaling/v2beta2")
+        built = wanted_children(sections)
         assert [child["kind"] for child in built] == kinds
         assert all(child["metadata"]["ownerReferences"] == [owner_reference()] for child in built)
 
@@ -585,9 +623,26 @@ class TestChildren:
     def test_names_and_versions_are_those_built(self, sections: dict[str, Any]) -> None:
         service = make_service(raw_spec(**sections))
         for child in (c for c in CHILDREN if c.wanted(service)):
-            built = child.build(service, "autoscaling/v2")
-            assert (built["kind"], built["metadata"]["name"]) == (child.kind, child.name(service))
-            assert built["apiVersion"] == (child.api_version or "autoscaling/v2")
+            for version in child.versions:
+                built = child.build(service, child.api_version(version))
+                assert (built["kind"], built["metadata"]["name"]) == (child.kind, child.name(service))
+                assert built["apiVersion"] == (f"{child.group}/{version}" if child.group else version)
+
+    def test_each_kind_once_with_its_resource(self) -> None:
+        kinds = [child.kind for child in CHILDREN]
+        assert len(set(kinds)) == len(kinds)
+        assert {(c.group, c.plural) for c in CHILDREN} == {
+            ("", "configmaps"),
+            ("", "services"),
+            ("autoscaling", "horizontalpodautoscalers"),
+            ("policy", "poddisruptionbudgets"),
+            ("apps", "deployments"),
+        }
+
+    def test_optional_children_are_deleted_and_the_rest_never(self) -> None:
+        verbs = {child.kind: child.verbs for child in CHILDREN}
+        assert verbs["HorizontalPodAutoscaler"] == verbs["PodDisruptionBudget"] == {"create", "patch", "delete"}
+        assert verbs["Deployment"] == verbs["ConfigMap"] == verbs["Service"] == {"create", "patch"}
 
     def test_an_unset_autoscaling_deletes_the_hpa(self) -> None:
         (hpa,) = (child for child in CHILDREN if child.kind == "HorizontalPodAutoscaler")

@@ -11,7 +11,8 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTResponse
 
-from inferop_operator.kubeapi import RETRY_MAX_SECONDS, ApiFailure
+from inferop_operator.builders import CHILDREN, Child
+from inferop_operator.kubeapi import PLURALS, RETRY_MAX_SECONDS, ApiFailure, KubeApi, NoServedVersion, resource_path
 
 
 def status_body(code: int, reason: str, message: str, **details: Any) -> str:
@@ -90,3 +91,63 @@ class TestApiFailure:
         body = status_body(429, "TooManyRequests", "too many requests", **details)
         failure = ApiFailure.of(refused(429, body, headers), "apply", "Deployment", "conv-net")
         assert failure.delay(0) == delay
+
+
+def child(kind: str) -> Child:
+    return next(c for c in CHILDREN if c.kind == kind)
+
+
+class Discovery(KubeApi):
+    """A KubeApi whose API server offers `offered` (group -> versions) and counts the discovery requests."""
+
+    def __init__(self, offered: dict[str, list[str]]):
+        super().__init__(None, "inferop")  # no request leaves this test
+        self.offered = offered
+        self.asked: list[tuple[str, str]] = []
+
+    def _call(self, method: str, path: str, *_: Any, **__: Any) -> Any:
+        self.asked.append((method, path))
+        group = path.removeprefix("/apis/")
+        return {"kind": "APIGroup", "name": group, "versions": [{"version": v} for v in self.offered.get(group, [])]}
+
+
+KUBERNETES_1_20 = {"autoscaling": ["v1", "v2beta1", "v2beta2"], "policy": ["v1beta1"]}
+KUBERNETES_1_33 = {"autoscaling": ["v2", "v1"], "policy": ["v1"]}
+
+
+class TestServedVersion:
+    @pytest.mark.parametrize(
+        ("offered", "kind", "expected"),
+        [
+            (KUBERNETES_1_20, "HorizontalPodAutoscaler", "autoscaling/v2beta2"),
+            (KUBERNETES_1_20, "PodDisruptionBudget", "policy/v1beta1"),
+            (KUBERNETES_1_33, "HorizontalPodAutoscaler", "autoscaling/v2"),
+            (KUBERNETES_1_33, "PodDisruptionBudget", "policy/v1"),
+        ],
+    )
+    def test_the_first_candidate_the_server_offers(
+        self, offered: dict[str, list[str]], kind: str, expected: str
+    ) -> None:
+        api = Discovery(offered)
+        assert api.served_version(child(kind)) == expected
+        assert api.served_version(child(kind)) == expected
+        assert api.asked == [("GET", f"/apis/{child(kind).group}")]  # once
+
+    @pytest.mark.parametrize(("kind", "expected"), [("ConfigMap", "v1"), ("Service", "v1"), ("Deployment", "apps/v1")])
+    def test_a_single_candidate_needs_no_discovery(self, kind: str, expected: str) -> None:
+        api = Discovery({})
+        assert api.served_version(child(kind)) == expected
+        assert api.asked == []
+
+    def test_none_offered_names_what_would_do(self) -> None:
+        with pytest.raises(NoServedVersion, match=r"none of policy/v1, policy/v1beta1 for PodDisruptionBudget"):
+            Discovery({"policy": ["v2alpha1"]}).served_version(child("PodDisruptionBudget"))
+
+
+class TestResourcePaths:
+    def test_every_child_has_its_plural(self) -> None:
+        assert {c.kind for c in CHILDREN} < set(PLURALS)
+        assert resource_path("policy/v1beta1", "PodDisruptionBudget", "models", "conv-net") == (
+            "/apis/policy/v1beta1/namespaces/models/poddisruptionbudgets/conv-net"
+        )
+        assert resource_path("v1", "ConfigMap", "models") == "/api/v1/namespaces/models/configmaps"

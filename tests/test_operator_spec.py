@@ -169,7 +169,7 @@ class TestErrors:
     @pytest.mark.parametrize(
         ("raw", "path"),
         [
-            (raw_spec(batching={"maxBatchSize": 0}), "spec.batching.maxBatchSize"),
+            (raw_spec(batching={"maxBatchSize": -1}), "spec.batching.maxBatchSize"),
             (raw_spec(batching={"maxQueueSize": 0}), "spec.batching.maxQueueSize"),
             (raw_spec(runtime={"memoryOverhead": "-1Gi"}), "spec.runtime.memoryOverhead"),
             (raw_spec(runtime={"memoryOverhead": "lots"}), "spec.runtime.memoryOverhead"),
@@ -184,7 +184,10 @@ class TestErrors:
             (raw_spec(autoscaling={"target": 50}), "spec.autoscaling.maxReplicas"),
             (with_model(name="conv net"), "spec.model.name"),
             (with_model(inputs=[]), "spec.model.inputs"),
-            (with_model(inputs=[{"name": "board", "dims": [1, 0]}]), "spec.model.inputs.0.dims.1"),
+            (with_model(inputs=[{"name": "board", "dims": [1, -2]}]), "spec.model.inputs.0.dims.1"),
+            (with_model(inputs=[{"name": "board", "dims": [1, 0]}]), "spec.model.inputs.0.dims"),
+            (with_model(inputs=[{"name": "board", "dims": [1, -1]}]), "spec.model"),
+            (with_model(outputs=[{"name": "board", "dims": [1]}]), "spec.model"),
             (
                 with_model(outputs=[{"name": "p", "datatype": "FP8", "dims": [7]}]),
                 "spec.model.outputs.0.datatype",
@@ -200,7 +203,7 @@ class TestErrors:
         assert spec_error(raw) == "spec.model.profile: Field required"
 
     def test_every_problem_is_listed(self) -> None:
-        message = spec_error(raw_spec(batching={"maxBatchSize": 0}, instances=0))
+        message = spec_error(raw_spec(batching={"maxBatchSize": -1}, instances=0))
         assert "spec.batching.maxBatchSize" in message
         assert "spec.instances" in message
 

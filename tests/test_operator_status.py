@@ -13,19 +13,24 @@ from inferop_operator.kubeapi import ApiFailure
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
 from inferop_operator.status import (
-    children_failed,
+    Status,
     children_failed_status,
     condition,
     deployed_status,
+    follow_deployment,
     invalid_status,
     merge_conditions,
+    new_warnings,
     plan_status,
+    read_status,
     refused_status,
     same_condition,
+    status_patch,
 )
 from tests.specs import MODEL, raw_spec
 
 OLD = "2020-01-01T00:00:00Z"
+AT_OLD = {"last_transition_time": OLD}
 MI = 2**20
 IO_BYTES = (1 * 8 * 7 + 7 + 1) * 4  # board in, policy and value out: FP32
 
@@ -77,28 +82,39 @@ def deployment(
     return {"metadata": {"generation": generation}, "spec": {"replicas": desired}, "status": status}
 
 
+def written(status: Status) -> dict[str, Any]:
+    """The status as the handlers write it and kubectl shows it: camelCase, unset fields left out."""
+    return status.model_dump(by_alias=True, exclude_none=True)
+
+
 def by_type(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in status["conditions"]}
 
 
+def aged(status: Status) -> Status:
+    """`status` as if written long ago: every condition's transition time is OLD."""
+    return status.model_copy(
+        update={"conditions": [c.model_copy(update={"last_transition_time": OLD}) for c in status.conditions]}
+    )
+
+
 class TestMergeConditions:
     def test_unchanged_status_keeps_the_transition_time(self) -> None:
-        previous = [{**condition("Ready", False, "ReplicasNotReady", "0/2 replicas ready"), "lastTransitionTime": OLD}]
+        previous = [condition("Ready", False, "ReplicasNotReady", "0/2 replicas ready").model_copy(update=AT_OLD)]
         (merged,) = merge_conditions(previous, [condition("Ready", False, "ReplicasNotReady", "1/2 replicas ready")])
-        assert merged["lastTransitionTime"] == OLD
-        assert merged["message"] == "1/2 replicas ready"  # the message itself is current
+        assert merged.last_transition_time == OLD
+        assert merged.message == "1/2 replicas ready"  # the message itself is current
 
     def test_changed_status_moves_the_transition_time(self) -> None:
-        previous = [{**condition("Ready", False, "ReplicasNotReady", "1/2"), "lastTransitionTime": OLD}]
+        previous = [condition("Ready", False, "ReplicasNotReady", "1/2").model_copy(update=AT_OLD)]
         (merged,) = merge_conditions(previous, [condition("Ready", True, "AllReplicasReady", "2/2")])
-        assert merged["status"] == "True"
-        assert merged["lastTransitionTime"] > OLD
-        assert merged["lastTransitionTime"].endswith("Z")
+        assert merged.status == "True"
+        assert merged.last_transition_time is not None and merged.last_transition_time > OLD
+        assert merged.last_transition_time.endswith("Z")
 
-    @pytest.mark.parametrize("previous", [None, []])
-    def test_new_conditions_get_a_time(self, previous: list[dict[str, Any]] | None) -> None:
-        (merged,) = merge_conditions(previous, [condition("Valid", True, "SpecValid", "ok")])
-        assert merged["lastTransitionTime"] > OLD
+    def test_new_conditions_get_a_time(self) -> None:
+        (merged,) = merge_conditions([], [condition("Valid", True, "SpecValid", "ok")])
+        assert merged.last_transition_time is not None and merged.last_transition_time > OLD
 
     def test_fixed_order(self) -> None:
         current = [
@@ -109,8 +125,8 @@ class TestMergeConditions:
             condition("ChildrenApplied", True, "c", ""),
             condition("ThreadBudget", True, "t", ""),
         ]
-        merged = merge_conditions(None, current)
-        assert [c["type"] for c in merged] == [
+        merged = merge_conditions([], current)
+        assert [c.type for c in merged] == [
             "Valid",
             "ThreadBudget",
             "MemoryFit",
@@ -120,13 +136,13 @@ class TestMergeConditions:
         ]
 
     def test_conditions_that_no_longer_apply_are_dropped(self) -> None:
-        previous = [{**condition("MemoryFit", False, "InsufficientMemory", "x"), "lastTransitionTime": OLD}]
+        previous = [condition("MemoryFit", False, "InsufficientMemory", "x").model_copy(update=AT_OLD)]
         merged = merge_conditions(previous, [condition("Valid", False, "InvalidSpec", "y")])
-        assert [c["type"] for c in merged] == ["Valid"]
+        assert [c.type for c in merged] == ["Valid"]
 
     @pytest.mark.parametrize(("ok", "text"), [(True, "True"), (False, "False"), (None, "Unknown")])
     def test_condition_status_strings(self, ok: bool | None, text: str) -> None:
-        assert condition("Ready", ok, "r", "m")["status"] == text
+        assert condition("Ready", ok, "r", "m").status == text
 
 
 class TestDeployedStatus:
@@ -170,7 +186,7 @@ class TestDeployedStatus:
     def test_ready_and_phase(
         self, deployed: dict[str, Any] | None, phase: str, ready: str, reason: str, message: str
     ) -> None:
-        status = deployed_status(make_service(), deployed, 7, None)
+        status = written(deployed_status(make_service(), deployed, 7, Status()))
         assert status["phase"] == phase
         ready_condition = by_type(status)["Ready"]
         assert (ready_condition["status"], ready_condition["reason"], ready_condition["message"]) == (
@@ -181,31 +197,31 @@ class TestDeployedStatus:
         assert status["observedGeneration"] == 7
 
     def test_replica_counts(self) -> None:
-        status = deployed_status(make_service(), deployment(desired=3, ready=1), 1, None)
+        status = written(deployed_status(make_service(), deployment(desired=3, ready=1), 1, Status()))
         assert (status["replicas"], status["readyReplicas"]) == (3, 1)
 
     def test_missing_deployment_has_no_replicas(self) -> None:
-        status = deployed_status(make_service(), None, 1, None)
+        status = written(deployed_status(make_service(), None, 1, Status()))
         assert (status["replicas"], status["readyReplicas"]) == (0, 0)
         assert by_type(status)["Available"]["status"] == "Unknown"
         assert by_type(status)["Available"]["reason"] == "NoDeploymentStatus"
 
     @pytest.mark.parametrize(("available", "expected"), [("True", "True"), ("False", "False")])
     def test_available_follows_the_deployment(self, available: str, expected: str) -> None:
-        status = deployed_status(make_service(), deployment(available=available), 1, None)
+        status = written(deployed_status(make_service(), deployment(available=available), 1, Status()))
         condition_ = by_type(status)["Available"]
         assert condition_["status"] == expected
         assert condition_["reason"] in ("MinimumReplicasAvailable", "MinimumReplicasUnavailable")
 
     def test_deployment_without_status_yet(self) -> None:
         built = build_deployment(make_service())  # as applied, before the controller reports
-        status = deployed_status(make_service(), built, 1, None)
+        status = written(deployed_status(make_service(), built, 1, Status()))
         assert by_type(status)["Available"]["status"] == "Unknown"
         assert status["phase"] == "Progressing"
         assert by_type(status)["Ready"]["reason"] == "ReplicasNotReady"
 
     def test_checks_that_passed_are_reported(self) -> None:
-        status = deployed_status(make_service(), deployment(), 1, None)
+        status = written(deployed_status(make_service(), deployment(), 1, Status()))
         conditions = by_type(status)
         assert list(conditions) == ["Valid", "ThreadBudget", "MemoryFit", "ChildrenApplied", "Available", "Ready"]
         assert conditions["Valid"]["status"] == "True"
@@ -224,14 +240,14 @@ class TestDeployedStatus:
         assert message.endswith(f"= {format_bytes(peak())} against 1Gi of memory (resources.limits.memory)")
 
     def test_memory_not_checked_is_unknown(self) -> None:
-        status = deployed_status(make_service(resources={"limits": {"cpu": "4"}}), deployment(), 1, None)
+        status = written(deployed_status(make_service(resources={"limits": {"cpu": "4"}}), deployment(), 1, Status()))
         memory = by_type(status)["MemoryFit"]
         assert (memory["status"], memory["reason"]) == ("Unknown", "NotChecked")
         assert "resources.limits.memory is not set" in memory["message"]
         assert "availableBytes" not in status["memory"]
 
     def test_url_threads_and_memory(self) -> None:
-        status = deployed_status(make_service(), deployment(), 1, None)
+        status = written(deployed_status(make_service(), deployment(), 1, Status()))
         assert status["url"] == "http://conv-net.models.svc:8000"
         assert status["threads"] == {
             "cpus": 4.0,
@@ -244,10 +260,9 @@ class TestDeployedStatus:
         assert status["memory"] == {"requiredBytes": peak(), "availableBytes": 2**30}
 
     def test_transition_time_kept_across_reconciles(self) -> None:
-        first = deployed_status(make_service(), deployment(ready=1), 1, None)
-        aged = [{**c, "lastTransitionTime": OLD} for c in first["conditions"]]
-        second = deployed_status(make_service(), deployment(), 1, aged)
-        times = {c["type"]: c["lastTransitionTime"] for c in second["conditions"]}
+        first = deployed_status(make_service(), deployment(ready=1), 1, Status())
+        second = deployed_status(make_service(), deployment(), 1, aged(first))
+        times = {c.type: c.last_transition_time for c in second.conditions}
         assert times["Valid"] == OLD  # still True
         assert times["Ready"] > OLD  # False -> True
 
@@ -255,34 +270,34 @@ class TestDeployedStatus:
 class TestPlanStatus:
     def test_selector_matches_the_pods(self) -> None:
         service = make_service()
-        selector = dict(pair.split("=") for pair in plan_status(service)["selector"].split(","))
+        selector = dict(pair.split("=") for pair in written(plan_status(service))["selector"].split(","))
         assert selector == build_deployment(service)["spec"]["selector"]["matchLabels"]
 
     def test_assumed_cpu_is_visible(self) -> None:
-        status = plan_status(make_service(resources={}, instances=1))
+        status = written(plan_status(make_service(resources={}, instances=1)))
         assert (status["threads"]["cpus"], status["threads"]["cpuSource"]) == (1.0, "assumed")
         assert status["threads"]["summary"] == "1x(1+1)/1cpu"
 
     def test_derived_queue_bound(self) -> None:
         # 4 CPUs, 2 instances x 2 intra-op threads: 8 x 4 = 32 samples/s x 0.8 x 10 s x 0.5 = 128, less 3 x 2 x 8 = 80.
-        status = plan_status(make_service(capacity=8.0))
+        status = written(plan_status(make_service(capacity=8.0)))
         assert status["queue"] == {"maxQueueSize": 80, "source": "capacity", "capacitySamplesPerSecond": 32.0}
         assert status["memory"]["requiredBytes"] == peak(queue=80)  # the estimate holds the queue it bounds
 
     def test_queue_bound_from_the_spec(self) -> None:
-        status = plan_status(make_service(capacity=8.0, batching={"maxQueueSize": 5}))
+        status = written(plan_status(make_service(capacity=8.0, batching={"maxQueueSize": 5})))
         assert status["queue"] == {"maxQueueSize": 5, "source": "spec", "capacitySamplesPerSecond": 32.0}
 
     def test_queue_bound_of_unknown_capacity(self) -> None:
-        status = plan_status(make_service())
+        status = written(plan_status(make_service()))
         assert status["queue"] == {"maxQueueSize": 2 * 2 * 8, "source": "unknown capacity"}
 
     def test_status_queue_is_the_configured_one(self) -> None:
         service = make_service(capacity=8.0)
-        assert plan_status(service)["queue"]["maxQueueSize"] == service.plan.serving.max_queue_size
+        assert written(plan_status(service))["queue"]["maxQueueSize"] == service.plan.serving.max_queue_size
 
     def test_fractional_cpus(self) -> None:
-        status = plan_status(make_service(resources={"limits": {"cpu": "2500m"}}))
+        status = written(plan_status(make_service(resources={"limits": {"cpu": "2500m"}})))
         assert status["threads"]["summary"] == "2x(1+1)/2cpu"
         assert status["threads"]["cpus"] == 2.5
 
@@ -290,7 +305,7 @@ class TestPlanStatus:
 class TestFailedStatus:
     def test_invalid_spec(self) -> None:
         message = "spec.batching.maxBatchSize: Input should be greater than or equal to 1"
-        status = invalid_status(message, 4, None)
+        status = written(invalid_status(message, 4, Status()))
         assert (status["phase"], status["observedGeneration"]) == ("Failed", 4)
         conditions = by_type(status)
         assert (conditions["Valid"]["status"], conditions["Valid"]["reason"]) == ("False", "InvalidSpec")
@@ -299,7 +314,7 @@ class TestFailedStatus:
         assert "ThreadBudget" not in conditions
 
     def test_thread_budget_refusal(self) -> None:
-        status = refused_status("ThreadBudget", "Oversubscribed", "8 threads on 2 CPU(s)", 2, None)
+        status = written(refused_status("ThreadBudget", "Oversubscribed", "8 threads on 2 CPU(s)", 2, Status()))
         assert status["phase"] == "Failed"
         conditions = by_type(status)
         assert list(conditions) == ["Valid", "ThreadBudget", "Ready"]
@@ -313,7 +328,7 @@ class TestFailedStatus:
         assert "8 threads on 2 CPU(s)" in conditions["Ready"]["message"]
 
     def test_memory_refusal_reports_the_thread_budget_passed(self) -> None:
-        status = refused_status("MemoryFit", "InsufficientMemory", "needs 3Gi", 2, None)
+        status = written(refused_status("MemoryFit", "InsufficientMemory", "needs 3Gi", 2, Status()))
         conditions = by_type(status)
         assert list(conditions) == ["Valid", "ThreadBudget", "MemoryFit", "Ready"]
         assert conditions["ThreadBudget"]["status"] == "True"
@@ -324,10 +339,9 @@ class TestFailedStatus:
         assert conditions["Ready"]["reason"] == "InsufficientMemory"
 
     def test_fixing_the_spec_moves_valid(self) -> None:
-        invalid = invalid_status("bad", 1, None)
-        aged = [{**c, "lastTransitionTime": OLD} for c in invalid["conditions"]]
-        refused = refused_status("ThreadBudget", "Oversubscribed", "x", 2, aged)
-        times = {c["type"]: c["lastTransitionTime"] for c in refused["conditions"]}
+        invalid = invalid_status("bad", 1, Status())
+        refused = refused_status("ThreadBudget", "Oversubscribed", "x", 2, aged(invalid))
+        times = {c.type: c.last_transition_time for c in refused.conditions}
         assert times["Valid"] > OLD  # False -> True
         assert times["Ready"] == OLD  # still False
 
@@ -352,7 +366,7 @@ class TestChildrenFailedStatus:
         ids=["range full", "quota", "invalid"],
     )
     def test_the_servers_reason_and_message_name_the_child(self, refused: ApiFailure, phase: str, outlook: str) -> None:
-        status = children_failed_status(make_service(), refused, 5, None)
+        status = written(children_failed_status(make_service(), refused, 5, Status()))
         assert (status["phase"], status["observedGeneration"]) == (phase, 5)
         conditions = by_type(status)
         applied = conditions["ChildrenApplied"]
@@ -365,37 +379,118 @@ class TestChildrenFailedStatus:
         assert refused.message in ready["message"]
 
     def test_the_checks_that_passed_and_the_plan_stay_visible(self) -> None:
-        status = children_failed_status(make_service(), RANGE_FULL, 1, None)
+        status = written(children_failed_status(make_service(), RANGE_FULL, 1, Status()))
         assert list(by_type(status)) == ["Valid", "ThreadBudget", "MemoryFit", "ChildrenApplied", "Ready"]
         assert {by_type(status)[kind]["status"] for kind in ("Valid", "ThreadBudget", "MemoryFit")} == {"True"}
-        assert status["threads"] == plan_status(make_service())["threads"]
+        assert status["threads"] == written(plan_status(make_service()))["threads"]
         assert status["memory"]["requiredBytes"] == peak()
 
     def test_what_the_deployment_reported_last_is_kept(self) -> None:
-        deployed = deployed_status(make_service(), deployment(), 1, None)
-        aged = [{**c, "lastTransitionTime": OLD} for c in deployed["conditions"]]
-        status = children_failed_status(make_service(), QUOTA, 2, aged)
-        conditions = by_type(status)
-        assert conditions["Available"] == by_type({"conditions": aged})["Available"]
+        deployed = aged(deployed_status(make_service(), deployment(), 1, Status()))
+        conditions = by_type(written(children_failed_status(make_service(), QUOTA, 2, deployed)))
+        assert conditions["Available"] == by_type(written(deployed))["Available"]
         assert conditions["ChildrenApplied"]["lastTransitionTime"] > OLD  # True -> False
         assert conditions["Valid"]["lastTransitionTime"] == OLD
 
     def test_applying_again_clears_the_failure(self) -> None:
-        failed = children_failed_status(make_service(), QUOTA, 2, None)
-        assert children_failed(failed)
-        healed = deployed_status(make_service(), deployment(), 2, failed["conditions"])
-        assert not children_failed(healed)
+        failed = children_failed_status(make_service(), QUOTA, 2, Status())
+        healed = written(deployed_status(make_service(), deployment(), 2, failed))
         assert by_type(healed)["ChildrenApplied"]["status"] == "True"
         assert healed["phase"] == "Ready"
 
     def test_a_retry_meeting_the_same_answer_changes_no_condition(self) -> None:
-        first = children_failed_status(make_service(), RANGE_FULL, 2, None)
-        again = children_failed_status(make_service(), RANGE_FULL, 2, first["conditions"])
+        first = children_failed_status(make_service(), RANGE_FULL, 2, Status())
+        again = children_failed_status(make_service(), RANGE_FULL, 2, first)
         assert same_condition("ChildrenApplied", first, again)
-        assert again["conditions"] == first["conditions"]
-        other = children_failed_status(make_service(), QUOTA, 2, first["conditions"])
+        assert again.conditions == first.conditions
+        other = children_failed_status(make_service(), QUOTA, 2, first)
         assert not same_condition("ChildrenApplied", first, other)
 
-    @pytest.mark.parametrize("status", [None, {}, {"conditions": []}, invalid_status("bad", 1, None)])
-    def test_no_failure_without_the_condition(self, status: Any) -> None:
-        assert not children_failed(status)
+
+class TestFollowDeployment:
+    """What the Deployment watcher writes: readiness on top of the status the service handler wrote."""
+
+    def test_refreshes_readiness_and_keeps_the_rest(self) -> None:
+        reconciled = aged(deployed_status(make_service(), deployment(ready=1), 4, Status()))
+        followed = follow_deployment(reconciled, deployment(ready=2), reconciled)
+        assert (followed.phase, followed.replicas, followed.ready_replicas) == ("Ready", 2, 2)
+        conditions = {c.type: c for c in followed.conditions}
+        assert (conditions["Ready"].status, conditions["Ready"].message) == ("True", "2/2 replicas ready")
+        assert conditions["Ready"].last_transition_time != OLD  # False -> True
+        assert conditions["Available"].last_transition_time == OLD  # True before and after
+        unchanged = ("Valid", "ThreadBudget", "MemoryFit", "ChildrenApplied")
+        assert [conditions[kind] for kind in unchanged] == [reconciled.condition(kind) for kind in unchanged]
+        assert followed.model_copy(
+            update={"phase": None, "replicas": None, "ready_replicas": None, "conditions": []}
+        ) == (reconciled.model_copy(update={"phase": None, "replicas": None, "ready_replicas": None, "conditions": []}))
+
+    def test_what_the_watcher_writes_is_only_readiness(self) -> None:
+        reconciled = deployed_status(make_service(), deployment(ready=1), 4, Status())
+        patch = status_patch(written(reconciled), follow_deployment(reconciled, deployment(ready=2), reconciled))
+        assert set(patch) == {"phase", "readyReplicas", "conditions"}
+
+    def test_the_same_deployment_writes_nothing(self) -> None:
+        reconciled = deployed_status(make_service(), deployment(), 4, Status())
+        assert status_patch(written(reconciled), follow_deployment(reconciled, deployment(), reconciled)) == {}
+
+
+class TestStatusPatch:
+    def test_a_converged_service_writes_nothing(self) -> None:
+        first = deployed_status(make_service(), deployment(), 1, Status())
+        again = deployed_status(make_service(), deployment(), 1, read_status(written(first)))
+        assert status_patch(written(first), again) == {}
+
+    def test_a_key_no_longer_reported_is_removed(self) -> None:
+        """Without the merge patch's null, a stale availableBytes would stay after the memory limit is removed."""
+        limited = written(deployed_status(make_service(), deployment(), 1, Status()))
+        unlimited = deployed_status(make_service(resources={"limits": {"cpu": "4"}}), deployment(), 2, Status())
+        patch = status_patch(limited, unlimited)
+        assert patch["memory"]["availableBytes"] is None
+        assert patch["observedGeneration"] == 2
+
+    def test_fields_a_failed_spec_does_not_report_stay(self) -> None:
+        deployed = written(deployed_status(make_service(), deployment(), 1, Status()))
+        patch = status_patch(deployed, invalid_status("bad", 2, read_status(deployed)))
+        assert set(patch) == {"phase", "observedGeneration", "conditions"}  # threads, url... stay as they were
+
+    def test_an_unreadable_status_counts_as_none(self) -> None:
+        assert read_status({"phase": "Exploded", "conditions": "none"}) == Status()
+        assert read_status(None) == Status()
+
+
+class TestWarningsOnChange:
+    def test_the_plans_warnings_are_recorded(self) -> None:
+        status = deployed_status(make_service(resources={}, instances=1), deployment(), 1, Status())
+        assert status.warnings is not None
+        assert any(w.startswith("no CPU limit or request set") for w in status.warnings)
+
+    def test_a_warning_is_new_once(self) -> None:
+        first = deployed_status(make_service(resources={}, instances=1), deployment(), 1, Status())
+        assert new_warnings(Status(), first) == first.warnings
+        again = deployed_status(make_service(resources={}, instances=1), deployment(), 1, read_status(written(first)))
+        assert new_warnings(read_status(written(first)), again) == []
+
+    def test_only_what_the_edit_changed_is_new(self) -> None:
+        limited = deployed_status(make_service(), deployment(), 1, Status())
+        unlimited = deployed_status(make_service(resources={"limits": {"cpu": "4"}}), deployment(), 2, limited)
+        assert new_warnings(limited, unlimited) == ["memory fit not checked: resources.limits.memory is not set"]
+        # A warning that stops holding is dropped; the ones still holding were posted already.
+        assumed = deployed_status(make_service(resources={}, instances=1), deployment(), 3, unlimited)
+        fixed = deployed_status(make_service(resources={"limits": {"cpu": "4"}}, instances=1), deployment(), 4, assumed)
+        assert new_warnings(assumed, fixed) == []
+        assert not any(w.startswith("no CPU limit") for w in fixed.warnings or [])
+
+    @pytest.mark.parametrize(
+        "failed",
+        [
+            lambda previous: invalid_status("spec.replicas: must be >= 0", 3, previous),
+            lambda previous: refused_status("ThreadBudget", "Oversubscribed", "8 threads on 2 CPU(s)", 3, previous),
+        ],
+        ids=["invalid", "refused"],
+    )
+    def test_a_failure_said_again_is_the_same_condition(self, failed: Any) -> None:
+        first = failed(Status())
+        again = failed(read_status(written(first)))
+        kind = "Valid" if first.condition("Valid").status == "False" else "ThreadBudget"
+        assert same_condition(kind, first, again)
+        assert not same_condition(kind, Status(), first)

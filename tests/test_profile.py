@@ -60,10 +60,10 @@ SIZES = [
 
 @pytest.fixture(scope="module", params=SIZES, ids=lambda s: "x".join(str(v) for v in s.values()))
 def exported_conv_net(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    from inferop_export import catalog
-    from inferop_export.exporter import export_network
+    from inferop_export.exporter import export_model
+    from inferop_export.networks.conv_net import conv_net
 
-    report = export_network(catalog.conv_net(**request.param), tmp_path_factory.mktemp("profile"), quiet=True)
+    report = export_model(conv_net(**request.param), tmp_path_factory.mktemp("profile"), quiet=True)
     return request.param, Path(report.model_path)
 
 

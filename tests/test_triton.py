@@ -75,11 +75,11 @@ def onnxruntime_reference(model_repo: ExportedRepo) -> Callable[[str, np.ndarray
     return run
 
 
-def infer_command(triton: RunningServer, *args: str) -> subprocess.CompletedProcess[str]:
-    """`inferop infer` against the server, as a user runs it; fails the test on a non-zero exit."""
+def infer_command(triton: RunningServer, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """`inferop infer` against the server, as a user runs it; fails the test on a non-zero exit if `check`."""
     command = [str(INFEROP), "infer", "--url", triton.url, *args]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, result.stderr
+    assert not check or result.returncode == 0, result.stderr
     return result
 
 
@@ -107,7 +107,16 @@ class TestModelsAndConfig:
     @pytest.mark.parametrize("model", ["conv_net", "inception_v3"])
     def test_config_shows_the_renderers_settings(self, client: Any, model_repo: ExportedRepo, model: str) -> None:
         served = model_repo.reports[model].serving
-        assert served.model_dump(include=set(SERVING[model])) == SERVING[model]  # the fixture's settings
+        settings = SERVING[model]  # the fixture's settings, as a spec spells them
+        assert (served.instances, served.intra_op_threads, served.inter_op_threads) == (
+            settings["instances"],
+            settings["threads"]["intraOp"],
+            settings["threads"]["interOp"],
+        )
+        assert (served.max_batch_size, served.max_queue_delay_microseconds, served.max_queue_size) == tuple(
+            settings["batching"][key] for key in ("maxBatchSize", "maxQueueDelayMicroseconds", "maxQueueSize")
+        )
+        assert served.request_timeout_microseconds == settings["timeouts"]["requestSeconds"] * 1e6
         config = client.get_model_config(model)
         assert config["backend"] == "python"
         assert config["max_batch_size"] == served.max_batch_size
@@ -132,6 +141,7 @@ class TestModelsAndConfig:
             "execution_mode": {"string_value": "1" if (served.inter_op_threads or 0) > 1 else "0"},
             "enable_mem_pattern": {"string_value": "0"},
             "inferop_weights": {"string_value": "random (seed 0)"},  # read by `inferop infer`, ignored by the backend
+            "inferop_processing": {"string_value": served.processing.to_parameter()},  # read by `inferop infer` too
         }
         assert sorted(int(w["batch_size"]) for w in config["model_warmup"]) == [1, served.max_batch_size]
 
@@ -206,7 +216,7 @@ class TestQueueTimeout:
     TIMEOUT_US = 100_000
 
     def test_idle_model_answers_within_the_timeout(self, client: Any, model_repo: ExportedRepo) -> None:
-        assert SERVING["inception_v3"]["max_queue_delay_microseconds"] < self.TIMEOUT_US
+        assert SERVING["inception_v3"]["batching"]["maxQueueDelayMicroseconds"] < self.TIMEOUT_US
         response = infer(client, "inception_v3", sample(model_repo, "inception_v3", 1, seed=5), timeout=self.TIMEOUT_US)
         assert response.as_numpy("logits").shape == (1, 1000)
 
@@ -257,7 +267,7 @@ class TestStatistics:
     @pytest.mark.parametrize("model", ["conv_net", "inception_v3"])
     def test_warmup_is_counted_before_any_request(self, triton: RunningServer, model: str) -> None:
         initial = triton.initial_statistics[model]
-        max_batch = SERVING[model]["max_batch_size"]
+        max_batch = SERVING[model]["batching"]["maxBatchSize"]
         assert initial["inference_count"] == 1 + max_batch  # warm-up batches of 1 and max_batch_size
         assert initial["execution_count"] == 2
 
@@ -305,6 +315,7 @@ class TestInferCommand:
         from PIL import Image
 
         from inferop.client import preprocess_image, softmax
+        from inferop_export.networks.inception_v3 import PROCESSING
 
         image = tmp_path / "noise.png"
         rng = np.random.default_rng(8)
@@ -321,12 +332,25 @@ class TestInferCommand:
         probabilities = [float(m.group(3)) for m in printed if m]
         assert ranks == [1, 2, 3, 4, 5]
 
-        logits = onnxruntime_reference("inception_v3", preprocess_image(image, 299)[None])["logits"][0]
+        logits = onnxruntime_reference("inception_v3", preprocess_image(image, 299, PROCESSING)[None])["logits"][0]
         expected = softmax(logits.astype(np.float64))
         top = np.argsort(-expected)[:5]
         categories = (model_repo.path / "inception_v3" / "labels.txt").read_text().splitlines()
         assert labels == [categories[i] for i in top]
         assert probabilities == pytest.approx([expected[i] for i in top], abs=1e-4)
+
+    def test_an_image_classifier_called_without_an_image_classifies_the_drawn_picture(
+        self, triton: RunningServer
+    ) -> None:
+        result = infer_command(triton, "--model", "inception_v3", "--json")
+        (answer,) = json.loads(result.stdout)
+        assert answer["image"] == "sample picture (drawn)"
+        assert len(answer["top"]) == 5
+
+    def test_a_flag_of_another_kind_of_model_is_refused(self, triton: RunningServer) -> None:
+        result = infer_command(triton, "--model", "conv_net", "--input", "board=x.npy", check=False)
+        assert result.returncode == 1
+        assert "model 'conv_net' declares policyValue processing: --input does not apply to it" in result.stderr
 
     def test_plays_a_board(self, triton: RunningServer, onnxruntime_reference: Any, tmp_path: Path) -> None:
         board = np.array(

@@ -187,6 +187,47 @@ class TestWeights:
         assert weights_are_random(weights) is random
 
 
+class TestModelsUsersBring:
+    """What a user's model may be: several inputs of other types, no batch axis, an output whose size varies."""
+
+    IDS = TensorSpec(name="ids", datatype="INT64", dims=(16,))
+    MASK = TensorSpec(name="mask", datatype="BOOL", dims=(16,))
+
+    def test_integer_and_boolean_inputs_warm_up_on_zeros_floats_on_random_data(self) -> None:
+        cfg = ServingConfig(name="m", inputs=(BOARD, self.IDS, self.MASK), outputs=(VALUE,))
+        for warmup in rendered(cfg).model_warmup:
+            assert warmup.inputs["board"].random_data and not warmup.inputs["board"].zero_data
+            # Random integers would index past an embedding table and fail the model's load.
+            assert warmup.inputs["ids"].zero_data and not warmup.inputs["ids"].random_data
+            assert warmup.inputs["mask"].zero_data
+
+    def test_without_a_batch_axis_one_request_warms_up_and_dims_are_the_full_shape(self) -> None:
+        full = TensorSpec(name="x", dims=(1, 2, 4, 4))
+        config = rendered(ServingConfig(name="m", inputs=(full,), outputs=(VALUE,), max_batch_size=0))
+        assert config.max_batch_size == 0
+        assert list(config.input[0].dims) == [1, 2, 4, 4]
+        assert [w.batch_size for w in config.model_warmup] == [1]
+        assert config.dynamic_batching.default_queue_policy.max_queue_size == 64  # still bounded
+
+    def test_an_output_dim_may_vary(self) -> None:
+        head = TensorSpec(name="head", dims=(-1,))
+        assert list(rendered(ServingConfig(name="m", inputs=(BOARD,), outputs=(head,))).output[0].dims) == [-1]
+        assert head.bytes_per_sample == 4  # counted as 1; export measures what it really is
+
+    def test_an_input_dim_may_not_vary(self) -> None:
+        with pytest.raises(ValidationError, match=r"inputs \['tokens'\] have a dynamic dim"):
+            ServingConfig(name="m", inputs=(TensorSpec(name="tokens", dims=(-1,)),), outputs=(VALUE,))
+
+    def test_the_declared_processing_is_written_as_json(self) -> None:
+        from inferop.processing import PROCESSING_PARAMETER, Processing
+
+        processing = Processing(kind="policyValue")
+        cfg = ServingConfig(name="m", inputs=(BOARD,), outputs=(VALUE,), processing=processing)
+        text = rendered(cfg).parameters[PROCESSING_PARAMETER].string_value
+        assert Processing.from_parameter(text) == processing
+        assert PROCESSING_PARAMETER not in rendered(cfg.model_copy(update={"processing": None})).parameters
+
+
 class TestTensorSpec:
     @pytest.mark.parametrize(
         ("spec", "size"),
@@ -206,7 +247,7 @@ class TestServingConfigValidation:
     @pytest.mark.parametrize(
         ("changes", "field"),
         [
-            ({"max_batch_size": 0}, "max_batch_size"),
+            ({"max_batch_size": -1}, "max_batch_size"),
             ({"instances": 0}, "instances"),
             ({"device": "tpu"}, "device"),
             ({"intra_op_threads": 0}, "intra_op_threads"),

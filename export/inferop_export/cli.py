@@ -1,29 +1,99 @@
-"""`inferop export conv_net|inception_v3 …`: export, verify, profile, and optionally write a manifest."""
+"""`inferop export NETWORK|onnx|torch …`: export, verify, profile, and optionally write a manifest.
+
+NETWORK is any network in the registry (`inferop_export.networks`); `onnx` takes a user's ONNX file and
+`torch` a user's PyTorch module from an importable factory. The serving flags are the spec's own fields,
+with the spec's defaults: what they write is what the operator would render.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from inferop.threads import local_cpus, plan_threads
+from inferop.errors import InferopError
+from inferop_operator.spec import Batching, Serving, Threads, Timeouts
+
+
+@dataclass(frozen=True)
+class ServingFlag:
+    """A command-line flag that sets one field of the spec's serving settings."""
+
+    flag: str
+    path: tuple[str, ...]  # the field's camelCase path in the spec
+    section: type[Any]  # the spec model that owns the field, for its description and default
+    field: str
+    convert: Callable[[int], Any] = lambda value: value
+    unit: str = ""
+
+    def help(self) -> str:
+        info = self.section.model_fields[self.field]
+        default = info.default
+        shown = "derived" if default is None else f"{round(default * 1000)}" if self.unit == "ms" else str(default)
+        return f"{info.description} (spec.{'.'.join(self.path)}; default: {shown})"
+
+
+SERVING_FLAGS = (
+    ServingFlag("--max-batch-size", ("batching", "maxBatchSize"), Batching, "max_batch_size"),
+    ServingFlag("--instances", ("instances",), Serving, "instances"),
+    ServingFlag("--intra-op-threads", ("threads", "intraOp"), Threads, "intra_op"),
+    ServingFlag("--inter-op-threads", ("threads", "interOp"), Threads, "inter_op"),
+    ServingFlag(
+        "--max-queue-delay-us", ("batching", "maxQueueDelayMicroseconds"), Batching, "max_queue_delay_microseconds"
+    ),
+    ServingFlag("--max-queue-size", ("batching", "maxQueueSize"), Batching, "max_queue_size"),
+    ServingFlag(
+        "--request-timeout-ms", ("timeouts", "requestSeconds"), Timeouts, "request_seconds", lambda ms: ms / 1000, "ms"
+    ),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    networks = parser.add_subparsers(dest="network", required=True, metavar="NETWORK")
-    conv = networks.add_parser("conv_net", help="AlphaZero-style policy/value convolutional network")
-    conv.add_argument("--rows", type=int, default=8, help="board rows (default 8)")
-    conv.add_argument("--cols", type=int, default=7, help="board columns (default 7)")
-    conv.add_argument("--depth", type=int, default=10, help="3x3 convolutions in the torso (default 10)")
-    conv.add_argument("--hidden", type=int, default=128, help="channels in the torso (default 128)")
-    conv.add_argument("--moves", type=int, default=7, help="policy outputs (default 7)")
-    inception = networks.add_parser("inception_v3", help="torchvision Inception V3, 299x299 images, 1000 classes")
-    inception.add_argument(
-        "--weights", type=Path, help="torchvision-layout state dict (.pth); default: seeded random weights"
-    )
-    for sub in (conv, inception):
+    from inferop_export.networks import registered_networks
+
+    sources = parser.add_subparsers(dest="source", required=True, metavar="NETWORK|onnx|torch")
+    for name, contract in registered_networks().items():
+        sub = sources.add_parser(name, help=contract.help, description=contract.help)
+        contract.add_arguments(sub)
+        sub.set_defaults(build=contract.build)
         _add_common(sub)
+
+    onnx = sources.add_parser("onnx", help="your own ONNX file", description="Serve your own ONNX file.")
+    onnx.add_argument("file", type=Path, help="the .onnx file (weights inside it, or beside it as external data)")
+    onnx.add_argument("--name", help="model name (the URL path); default: the file's name without .onnx")
+    onnx.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=DIMS",
+        help="fix an input's open dims, e.g. tokens=128 (without the batch axis); repeat per input",
+    )
+    onnx.add_argument("--tolerance", type=float, help="max |ONNX Runtime - ONNX reference| accepted (default 1e-3)")
+    _add_common(onnx)
+
+    module = sources.add_parser(
+        "torch", help="your own PyTorch module", description="Serve your own PyTorch module, built by a factory."
+    )
+    module.add_argument("target", help="package.module:factory, a callable that returns the torch.nn.Module")
+    module.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        required=True,
+        metavar="NAME=DIMS[:DTYPE]",
+        help="each argument of forward, in order, e.g. images=3,224,224 or ids=16:INT64 (dims without the batch "
+        "axis; dtype FP32 unless given)",
+    )
+    module.add_argument("--output", action="append", default=[], metavar="NAME", help="output names, in order")
+    module.add_argument("--name", help="model name (the URL path); default: the module's name")
+    module.add_argument("--app-dir", type=Path, default=Path("."), help="directory to import the factory from")
+    module.add_argument("--weights", type=Path, help="a state dict (.pth) to load into the module")
+    module.add_argument("--tolerance", type=float, help="max |ONNX Runtime - PyTorch| accepted (default 1e-3)")
+    _add_common(module)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -36,62 +106,75 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         help="the manifest's model.storageUri (pvc://claim/path, hostpath:///path, oci://image); "
         "default: hostpath:// of the exported model directory",
     )
-    serving = parser.add_argument_group("serving settings written to config.pbtxt")
-    serving.add_argument("--max-batch-size", type=int, default=8)
-    serving.add_argument("--instances", type=int, default=1, help="model instances (each has its own threads)")
-    serving.add_argument("--intra-op-threads", type=int, help="default: floor(CPUs / instances) of this machine")
-    serving.add_argument("--inter-op-threads", type=int, default=1)
-    serving.add_argument("--max-queue-delay-us", type=int, default=2000, help="dynamic batching wait")
-    serving.add_argument(
-        "--max-queue-size",
-        type=int,
-        help="requests queued before rejecting (default: derived from the measured capacity and the timeout)",
-    )
-    serving.add_argument(
-        "--request-timeout-ms", type=int, default=10_000, help="queue time after which a request is rejected"
-    )
+    serving = parser.add_argument_group("serving settings (the InferenceService spec's fields and defaults)")
+    for flag in SERVING_FLAGS:
+        serving.add_argument(flag.flag, type=int, help=flag.help())
+
+
+def serving_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The serving flags that were given, as a spec's camelCase sections; the spec model fills the rest."""
+    settings: dict[str, Any] = {}
+    for flag in SERVING_FLAGS:
+        value = getattr(args, flag.flag.removeprefix("--").replace("-", "_"))
+        if value is not None:
+            *sections, leaf = flag.path
+            target = settings
+            for section in sections:
+                target = target.setdefault(section, {})
+            target[leaf] = flag.convert(value)
+    return settings
+
+
+def build_source(args: argparse.Namespace) -> Any:
+    """What the subcommand names: a registered network, a user's ONNX file, or a user's module."""
+    from inferop_export.signature import parse_input_flag
+    from inferop_export.sources import DEFAULT_TOLERANCE, OnnxFile, model_name, torch_module
+
+    flags = [parse_input_flag(text) for text in getattr(args, "input", [])]
+    tolerance = args.tolerance if getattr(args, "tolerance", None) is not None else DEFAULT_TOLERANCE
+    if args.source == "onnx":
+        if not args.file.is_file():
+            raise FileNotFoundError(f"{args.file}: no such file")
+        name = model_name(args.name or args.file.stem, "--name" if args.name else "the file's name")
+        return OnnxFile(name, args.file, tolerance, overrides={flag.name: flag for flag in flags})
+    if args.source == "torch":
+        module = args.target.partition(":")[0].rpartition(".")[2]
+        name = model_name(args.name or module, "--name" if args.name else "the module's name")
+        return torch_module(
+            args.target, flags, name, args.app_dir, args.output, args.weights, tolerance=tolerance, seed=args.seed
+        )
+    return args.build(args)
 
 
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from inferop_export import catalog
-    from inferop_export.exporter import VerificationError, export_network
+    from inferop_export.exporter import VerificationError, export_model
+    from inferop_operator.spec import parse_serving
 
-    threads = plan_threads(local_cpus(), args.instances, args.intra_op_threads, args.inter_op_threads)
-    serving = {
-        "max_batch_size": args.max_batch_size,
-        "instances": args.instances,
-        "intra_op_threads": threads.intra_op,
-        "inter_op_threads": threads.inter_op,
-        "max_queue_delay_microseconds": args.max_queue_delay_us,
-        "request_timeout_microseconds": args.request_timeout_ms * 1000,
-    }
-    if args.max_queue_size is not None:
-        serving["max_queue_size"] = args.max_queue_size
     try:
-        if args.network == "conv_net":
-            network = catalog.conv_net(args.rows, args.cols, args.depth, args.hidden, args.moves, seed=args.seed)
-        else:
-            if args.weights is not None and not args.weights.is_file():
-                print(f"error: --weights {args.weights}: no such file", file=sys.stderr)
-                return 2
-            network = catalog.inception_v3(weights=args.weights, seed=args.seed)
-        report = export_network(network, args.repo, serving=serving, seed=args.seed, quiet=args.json)
-    except (ValueError, ValidationError) as error:  # bad sizes, bad weights file, bad serving settings
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        serving = parse_serving(serving_settings(args))
+        report = export_model(
+            build_source(args),
+            args.repo,
+            serving=serving,
+            seed=args.seed,
+            quiet=args.json,
+            storage_uri=args.storage_uri,
+        )
     except VerificationError as error:
         print(f"verification failed: {error}", file=sys.stderr)
         return 1
+    except (InferopError, ValueError, ValidationError, FileNotFoundError) as error:  # bad input of any kind
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
     if args.manifest:
         from inferop_export.manifest import write_manifest
 
-        storage_uri = args.storage_uri or f"hostpath://{Path(report.config_path).parent.resolve()}"
         try:
-            write_manifest(report.serving, report.profile, storage_uri, args.manifest, queue_size=args.max_queue_size)
-        except (ValueError, ValidationError) as error:
+            write_manifest(report.spec, args.manifest)
+        except (InferopError, ValueError) as error:
             print(f"error: --manifest: {error}", file=sys.stderr)
             return 2
     if args.json:
@@ -101,24 +184,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_report(report: dict) -> str:
-    profile = report["profile"]
-    worst = max(report["parity"], key=lambda p: p["maxAbsDiff"])
-    lines = [
-        f"{report['model']}: {report['modelPath']}",
-        f"  onnx.checker: {report['checker']}",
-        f"  ONNX Runtime vs PyTorch: max |diff| {worst['maxAbsDiff']:.3g} (batch {worst['batch']}, "
-        f"{worst['output']}) within tolerance {report['tolerance']:g} at batches "
-        f"{sorted({p['batch'] for p in report['parity']})}",
+def format_report(report: dict[str, Any]) -> str:
+    profile, serving = report["profile"], report["serving"]
+    lines = [f"{report['model']}: {report['modelPath']}", f"  onnx.checker: {report['checker']}"]
+    if report["parity"]:
+        worst = max(report["parity"], key=lambda p: p["maxAbsDiff"])
+        lines.append(
+            f"  ONNX Runtime vs {report['parityAgainst']}: max |diff| {worst['maxAbsDiff']:.3g} (batch "
+            f"{worst['batch']}, {worst['output']}) within tolerance {report['tolerance']:g} at batches "
+            f"{sorted({p['batch'] for p in report['parity']})}"
+        )
+    tensors = (
+        ", ".join(f"{t['name']} {t['datatype']} {t['dims']}" for t in serving["inputs"])
+        + " -> "
+        + ", ".join(f"{t['name']} {t['datatype']} {t['dims']}" for t in serving["outputs"])
+    )
+    lines += [
+        f"  tensors: {tensors} (max_batch_size {serving['max_batch_size']})",
         f"  parameters: {profile['parameters']:,}",
         f"  multiply-accumulates per sample: {profile['macs_per_sample']:,} ({profile['macs_per_sample'] / 1e9:.3f} G)",
         f"  weight bytes: {profile['weight_bytes']:,} ({profile['weight_bytes'] / 2**20:.1f} MiB)",
         f"  activation bytes per sample (peak live): {profile['activation_bytes_per_sample']:,} "
         f"({profile['activation_bytes_per_sample'] / 2**20:.2f} MiB)",
         f"  capacity: {profile['samples_per_cpu_second']:.1f} samples per CPU-second "
-        f"(ONNX Runtime, one thread, batch {report['serving']['max_batch_size']}); "
-        f"queue bound {report['serving']['max_queue_size']}",
-        f"  weights: {report['serving']['weights']}",
+        f"(ONNX Runtime, one thread, batch {max(serving['max_batch_size'], 1)}); "
+        f"queue bound {serving['max_queue_size']}",
+        f"  weights: {serving['weights']}",
         f"  config: {report['configPath']}",
     ]
+    lines += [f"  note: {note}" for note in report["notes"]]
     return "\n".join(lines)

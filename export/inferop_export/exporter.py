@@ -1,16 +1,18 @@
-"""Export a network to `<repo>/<name>/1/model.onnx` + `config.pbtxt`, and prove the file is right.
+"""Export a model to `<repo>/<name>/1/model.onnx` + `config.pbtxt`, and prove the file is right.
 
-Verification is part of the export, not an afterthought: `onnx.checker`, ONNX Runtime against PyTorch at
-batch 1 and at a larger batch (so the dynamic batch axis is exercised), and a profile of the graph.
+Verification is part of the export, not an afterthought: `onnx.checker`, ONNX Runtime loading the file,
+ONNX Runtime against the source (PyTorch, or ONNX's reference implementation for a user's file) at batch 1
+and at a larger batch (so the dynamic batch axis is exercised), and a profile of the graph. The config is
+rendered from the same spec model the operator plans, so what is served locally is what a pod serves.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
+import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,34 +20,26 @@ from typing import Any
 
 import numpy as np
 import onnx
-import torch
-from torch import nn
 
-from inferop.capacity import derive_queue_bound, pod_capacity
-from inferop.threads import local_cpus, plan_threads
-from inferop.tritonconfig import MODEL_FILENAME, ServingConfig, TensorSpec, render_model_config
+from inferop.errors import InferopError
+from inferop.threads import local_cpus
+from inferop.tritonconfig import DYNAMIC_DIM, MODEL_FILENAME, ServingConfig, render_model_config
 from inferop_export.profile import ModelProfile, profile_onnx
+from inferop_export.signature import Signature, read_signature
+from inferop_export.sources import Inputs, OnnxFile, TorchModule
+from inferop_operator.plan import Plan, plan_service
+from inferop_operator.spec import InferenceServiceSpec, Serving, parse_spec
 
 PARITY_BATCHES = (1, 8)
 LABELS_FILENAME = "labels.txt"
+# ONNX's reference implementation runs in numpy: compared against only up to this many multiply-accumulates.
+REFERENCE_MAX_MACS = 300_000_000
+
+Source = TorchModule | OnnxFile
 
 
-class VerificationError(RuntimeError):
-    """The exported model is not faithful to the PyTorch one; the message carries the numbers."""
-
-
-@dataclass(frozen=True)
-class Network:
-    """A module ready to export, with the tensor contract Triton will serve."""
-
-    name: str
-    module: nn.Module
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    make_input: Callable[[int, torch.Generator], tuple[torch.Tensor, ...]]
-    tolerance: float  # max |ONNX Runtime - PyTorch| accepted, per output element
-    weights: str  # where the weights came from (`random_weights(seed)` or a file), served with the config
-    labels: list[str] | None = None  # class names for the first output (Triton's classification extension)
+class VerificationError(InferopError, RuntimeError):
+    """The exported model is not faithful to its source or cannot be served; the message carries the numbers."""
 
 
 @dataclass
@@ -55,9 +49,12 @@ class ExportReport:
     config_path: str
     checker: str
     parity: list[dict[str, Any]]
+    parity_against: str  # "PyTorch", "ONNX reference", or why nothing was compared
     tolerance: float
     profile: ModelProfile
     serving: ServingConfig
+    spec: InferenceServiceSpec  # what was planned for this machine; manifests start from it
+    notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -67,9 +64,11 @@ class ExportReport:
             "configPath": self.config_path,
             "checker": self.checker,
             "parity": self.parity,
+            "parityAgainst": self.parity_against,
             "tolerance": self.tolerance,
             "profile": self.profile.as_dict(),
             "serving": self.serving.model_dump(mode="json"),
+            "notes": self.notes,
             "seconds": self.seconds,
         }
 
@@ -93,113 +92,196 @@ class Progress:
             print(f"[{self.index}/{self.total}] {label}: {self.seconds[label]:.1f}s", file=sys.stderr, flush=True)
 
 
-def export_network(
-    network: Network, repo: Path, serving: dict[str, Any] | None = None, seed: int = 0, quiet: bool = False
+def export_model(
+    source: Source,
+    repo: Path,
+    serving: Serving | None = None,
+    seed: int = 0,
+    quiet: bool = False,
+    storage_uri: str | None = None,
 ) -> ExportReport:
     """Export, verify and write the Triton model directory; raise VerificationError if a check fails.
 
-    Without `max_queue_size` in `serving`, the queue bound is derived from the capacity measured here."""
-    config = ServingConfig(
-        name=network.name,
-        inputs=network.inputs,
-        outputs=_with_labels(network),
-        weights=network.weights,
-        **(serving or {}),
-    )
-    model_dir = repo / network.name
+    The config is what the operator would render for `serving` on a pod with this machine's CPUs: threads
+    derived from them unless set, the queue bound from the capacity measured here unless set."""
+    serving = serving or Serving()
+    model_dir = repo / source.name
     model_path = model_dir / "1" / MODEL_FILENAME
     model_path.parent.mkdir(parents=True, exist_ok=True)
-    progress = Progress(total=5, quiet=quiet)
-    module = network.module.eval()
+    progress = Progress(total=6, quiet=quiet)
 
-    with progress.step(f"exporting {network.name} to ONNX"):
-        export_onnx(module, network, model_path, config.max_batch_size, seed)
+    with progress.step(f"writing {source.name} as ONNX"):
+        source.write_onnx(model_path, serving.batching.max_batch_size, seed)
     with progress.step("onnx.checker"):
-        onnx.checker.check_model(str(model_path), full_check=True)
-    with progress.step(f"ONNX Runtime against PyTorch at batch {' and '.join(map(str, PARITY_BATCHES))}"):
-        parity = compare_with_onnxruntime(module, network, model_path, seed)
+        try:
+            onnx.checker.check_model(str(model_path), full_check=True)
+        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
+            reason = " ".join(str(error).split())[:500]
+            raise VerificationError(f"{source.name}: onnx.checker refuses the model: {reason}") from None
+    model = onnx.load(str(model_path))
+    session = onnxruntime_session(model_path, model)
+    signature = read_signature(model, source.overrides)
+    notes = list(signature.notes)
+    if not signature.batched and serving.batching.max_batch_size:
+        serving = serving.model_copy(update={"batching": serving.batching.model_copy(update={"max_batch_size": 0})})
+    batch = serving.batching.samples_per_batch
+
     with progress.step("profile"):
-        parameters = sum(p.numel() for p in module.parameters())
-        profile = profile_onnx(onnx.load(str(model_path)), parameters=parameters)
-    with progress.step(f"capacity: ONNX Runtime, one thread, batch {config.max_batch_size}"):
-        rate = measure_capacity(network, model_path, config.max_batch_size, seed)
-        profile = dataclasses.replace(profile, samples_per_cpu_second=rate)
+        profile = profile_onnx(model, parameters=source.parameters, input_shapes=_profile_shapes(signature))
+    with progress.step("ONNX Runtime against the source"):
+        comparison = compare_with_source(source, session, model_path, signature, profile, seed)
+    parity, against = comparison.parity, comparison.against
+    if not parity:
+        notes.append(f"outputs not compared: {against}")
+    with progress.step(f"capacity: ONNX Runtime, one thread, batch {batch}"):
+        rate = measure_capacity(source, model_path, signature, batch, seed)
+    # An output whose size varies has no bytes in its dims: the memory estimate takes what was measured.
+    measured_io = comparison.io_bytes_per_sample if any(t.dynamic for t in signature.outputs) else None
+    profile = dataclasses.replace(profile, samples_per_cpu_second=rate, io_bytes_per_sample=measured_io)
 
-    if "max_queue_size" not in (serving or {}):
-        threads = plan_threads(local_cpus(), config.instances, config.intra_op_threads, config.inter_op_threads)
-        timeout = (config.request_timeout_microseconds or 0) / 1e6
-        queue = derive_queue_bound(pod_capacity(rate, threads), timeout, config.instances, config.max_batch_size)
-        config = config.model_copy(update={"max_queue_size": queue.size})
-    config_path = model_dir / "config.pbtxt"
-    config_path.write_text(render_model_config(config))
-    if network.labels:
-        (model_dir / LABELS_FILENAME).write_text("\n".join(network.labels) + "\n")
+    outputs = list(signature.outputs)
+    if source.labels:
+        outputs[0] = outputs[0].model_copy(update={"label_filename": LABELS_FILENAME})
+    spec = parse_spec(
+        {
+            **serving.model_dump(by_alias=True, exclude_unset=True),
+            "model": {
+                "name": source.name,
+                "storageUri": storage_uri or f"hostpath://{model_dir.resolve()}",
+                "profile": profile.as_spec(),
+                "weights": source.weights,
+                "inputs": [_tensor(t) for t in signature.inputs],
+                "outputs": [_tensor(t) for t in outputs],
+                **(
+                    {"processing": source.processing.model_dump(by_alias=True, exclude_none=True)}
+                    if source.processing
+                    else {}
+                ),
+            },
+            "resources": {"limits": {"cpu": local_cpus()}},
+        }
+    )
+    plan = local_plan(spec)
+    with progress.step("config.pbtxt"):
+        config_path = model_dir / "config.pbtxt"
+        config_path.write_text(render_model_config(plan.serving))
+        if source.labels:
+            (model_dir / LABELS_FILENAME).write_text("\n".join(source.labels) + "\n")
 
-    failed = [p for p in parity if p["maxAbsDiff"] > network.tolerance]
     report = ExportReport(
-        model=network.name,
+        model=source.name,
         model_path=str(model_path),
         config_path=str(config_path),
         checker="passed",
         parity=parity,
-        tolerance=network.tolerance,
+        parity_against=against,
+        tolerance=source.tolerance,
         profile=profile,
-        serving=config,
+        serving=plan.serving,
+        spec=spec,
+        notes=notes,
         seconds=progress.seconds,
     )
+    failed = [p for p in parity if p["maxAbsDiff"] > source.tolerance]
     if failed:
         details = ", ".join(f"batch {p['batch']} {p['output']}: {p['maxAbsDiff']:.3g}" for p in failed)
         raise VerificationError(
-            f"{network.name}: ONNX Runtime differs from PyTorch beyond tolerance {network.tolerance:g} ({details})"
+            f"{source.name}: ONNX Runtime differs from {against} beyond tolerance {source.tolerance:g} ({details})"
         )
     return report
 
 
-def export_onnx(module: nn.Module, network: Network, path: Path, max_batch: int, seed: int) -> None:
-    """torch.onnx (dynamo exporter) with a dynamic batch axis and the weights inside the one file."""
-    example = network.make_input(2, torch.Generator().manual_seed(seed))  # batch 2: a 1 would be specialised
-    arg_names = list(inspect.signature(module.forward).parameters)[: len(example)]
-    batch = torch.export.Dim("batch", min=1, max=max(max_batch, 2) * 64)
-    torch.onnx.export(
-        module,
-        example,
-        str(path),
-        input_names=[t.name for t in network.inputs],
-        output_names=[t.name for t in network.outputs],
-        dynamic_shapes={name: {0: batch} for name in arg_names},
-        external_data=False,
-        dynamo=True,
-        verbose=False,
-    )
+def local_plan(spec: InferenceServiceSpec) -> Plan:
+    """The operator's plan for `spec` (its thread budget checked: an export that oversubscribes is refused)."""
+    return plan_service(spec)
 
 
-def compare_with_onnxruntime(module: nn.Module, network: Network, path: Path, seed: int) -> list[dict[str, Any]]:
-    """Max absolute difference of every output, ONNX Runtime against PyTorch, at each parity batch size."""
+def onnxruntime_session(path: Path, model: onnx.ModelProto) -> Any:
+    """ONNX Runtime's session on the file, or an error that says why it cannot load it (an opset too new...)."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    generator = torch.Generator().manual_seed(seed + 1)
-    results = []
-    for batch in PARITY_BATCHES:
-        inputs = network.make_input(batch, generator)
-        with torch.no_grad():
-            expected = module(*inputs)
-        expected = expected if isinstance(expected, tuple) else (expected,)
-        feeds = {spec.name: tensor.numpy() for spec, tensor in zip(network.inputs, inputs, strict=True)}
-        actual = session.run([t.name for t in network.outputs], feeds)
-        for spec, want, got in zip(network.outputs, expected, actual, strict=True):
-            if tuple(got.shape) != (batch, *spec.dims):
-                raise VerificationError(
-                    f"{network.name}: output {spec.name!r} has shape {list(got.shape)}, expected {[batch, *spec.dims]}"
-                )
-            diff = float(np.max(np.abs(want.numpy() - got)))
-            results.append(
-                {"batch": batch, "output": spec.name, "maxAbsDiff": diff, "maxAbsValue": float(np.max(np.abs(got)))}
+    try:
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as error:  # ONNX Runtime raises its own Fail/InvalidGraph/NotImplemented kinds
+        message = str(error)
+        opset = re.search(r"Opset (\d+)", message)
+        if opset:
+            domains = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
+            raise VerificationError(
+                f"{path.name}: ONNX Runtime {ort.__version__} cannot load opset {opset[1]} (the model imports "
+                f"{domains}); re-export it with an opset ONNX Runtime supports (onnx {onnx.__version__} knows up "
+                f"to {onnx.defs.onnx_opset_version()})"
+            ) from None
+        raise VerificationError(
+            f"{path.name}: ONNX Runtime {ort.__version__} cannot load it: {message[:500]}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    parity: list[dict[str, Any]]  # per batch and output: maxAbsDiff, maxAbsValue; empty if nothing compared
+    against: str  # the source compared with, or why there was none
+    io_bytes_per_sample: int  # inputs and outputs of one sample, as run
+
+
+def compare_with_source(
+    source: Source, session: Any, path: Path, signature: Signature, profile: ModelProfile, seed: int
+) -> Comparison:
+    """Max absolute difference of every output, ONNX Runtime against the source, at each parity batch size
+    (one run for a model without a batch axis); every output's shape is checked against the signature."""
+    against = "PyTorch" if isinstance(source, TorchModule) else "ONNX reference"
+    reference = source.reference
+    if isinstance(source, OnnxFile):
+        if profile.macs_per_sample > REFERENCE_MAX_MACS:
+            reference = _no_reference
+            against = (
+                f"no source to compare with: a user's ONNX file, too large ({profile.macs_per_sample / 1e9:.2f} G "
+                f"multiply-accumulates a sample) for ONNX's reference implementation"
             )
-    return results
+        else:
+            reference = _onnx_reference(path)
+    rng = np.random.default_rng(seed + 1)
+    results: list[dict[str, Any]] = []
+    io_bytes = 0
+    for batch in PARITY_BATCHES if signature.batched else (1,):
+        inputs = source.inputs_for(signature, batch, rng)
+        feeds = {spec.name: array for spec, array in zip(signature.inputs, inputs, strict=True)}
+        actual = session.run([t.name for t in signature.outputs], feeds)
+        for spec, got in zip(signature.outputs, actual, strict=True):
+            want_shape = signature.shape(spec, batch)
+            if len(got.shape) != len(want_shape) or any(
+                w != DYNAMIC_DIM and w != g for w, g in zip(want_shape, got.shape, strict=True)
+            ):
+                raise VerificationError(
+                    f"{source.name}: output {spec.name!r} has shape {list(got.shape)}, expected {want_shape} (-1: any)"
+                )
+        io_bytes = max(io_bytes, sum(a.nbytes for a in (*inputs, *actual)) // batch)
+        expected = reference(inputs)
+        for spec, want, got in zip(signature.outputs, expected or (), actual, strict=True):
+            diff = float(np.max(np.abs(want.astype(np.float64) - got.astype(np.float64)))) if got.size else 0.0
+            scale = float(np.max(np.abs(got.astype(np.float64)))) if got.size else 0.0
+            results.append({"batch": batch, "output": spec.name, "maxAbsDiff": diff, "maxAbsValue": scale})
+    return Comparison(results, against, io_bytes)
 
 
-def measure_capacity(network: Network, path: Path, batch: int, seed: int, seconds: float = 2.0) -> float:
+def _no_reference(inputs: Inputs) -> Inputs | None:
+    return None
+
+
+def _onnx_reference(path: Path) -> Any:
+    from onnx.reference import ReferenceEvaluator
+
+    evaluator = ReferenceEvaluator(str(path))
+
+    def run(inputs: Inputs) -> Inputs:
+        return tuple(evaluator.run(None, dict(zip(evaluator.input_names, inputs, strict=True))))
+
+    return run
+
+
+def measure_capacity(
+    source: Source, path: Path, signature: Signature, batch: int, seed: int, seconds: float = 2.0
+) -> float:
     """Samples per second that one CPU runs at `batch`: the capacity the queue bound is derived from.
 
     One intra-op thread that never spins, so the figure is one CPU's worth whatever the machine; at least
@@ -212,8 +294,8 @@ def measure_capacity(network: Network, path: Path, batch: int, seed: int, second
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    inputs = network.make_input(batch, torch.Generator().manual_seed(seed + 2))
-    feeds = {spec.name: tensor.numpy() for spec, tensor in zip(network.inputs, inputs, strict=True)}
+    inputs = source.inputs_for(signature, batch, np.random.default_rng(seed + 2))
+    feeds = {spec.name: array for spec, array in zip(signature.inputs, inputs, strict=True)}
     session.run(None, feeds)
     runs, start = 0, time.perf_counter()
     while runs < 3 or time.perf_counter() - start < seconds:
@@ -222,8 +304,12 @@ def measure_capacity(network: Network, path: Path, batch: int, seed: int, second
     return round(runs * batch / (time.perf_counter() - start), 3)
 
 
-def _with_labels(network: Network) -> tuple[TensorSpec, ...]:
-    if not network.labels:
-        return network.outputs
-    first, *rest = network.outputs
-    return (first.model_copy(update={"label_filename": LABELS_FILENAME}), *rest)
+def _profile_shapes(signature: Signature) -> dict[str, list[int]]:
+    return {tensor.name: signature.shape(tensor, 1) for tensor in signature.inputs}
+
+
+def _tensor(tensor: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "dims": list(tensor.dims)}
+    if tensor.label_filename:
+        fields["labelFilename"] = tensor.label_filename
+    return fields

@@ -20,6 +20,7 @@ class ModelProfile:
     weight_bytes: int
     activation_bytes_per_sample: int
     samples_per_cpu_second: float | None = None  # measured capacity; None until measured
+    io_bytes_per_sample: int | None = None  # measured inputs + outputs; None: the tensors' dims decide
 
     def as_spec(self) -> dict[str, int | float]:
         """The camelCase form an InferenceService's `model.profile` takes."""
@@ -31,17 +32,22 @@ class ModelProfile:
         }
         if self.samples_per_cpu_second is not None:
             spec["samplesPerCpuSecond"] = self.samples_per_cpu_second
+        if self.io_bytes_per_sample is not None:
+            spec["ioBytesPerSample"] = self.io_bytes_per_sample
         return spec
 
     def as_dict(self) -> dict[str, int | float | None]:
         return asdict(self)
 
 
-def profile_onnx(model: onnx.ModelProto, parameters: int | None = None) -> ModelProfile:
-    """Profile `model`. `parameters` is the trainable count from the framework when known; the graph alone
-    cannot tell trainable weights from buffers (BatchNorm statistics), so it otherwise counts initializers.
+def profile_onnx(
+    model: onnx.ModelProto, parameters: int | None = None, input_shapes: dict[str, list[int]] | None = None
+) -> ModelProfile:
+    """Profile `model` for one sample. `parameters` is the trainable count from the framework when known; the
+    graph alone cannot tell trainable weights from buffers (BatchNorm statistics), so it otherwise counts
+    initializers. `input_shapes` fixes the inputs' dims (at batch 1) where the file leaves them open.
     """
-    graph = _shapes_at_batch_one(model).graph
+    graph = _shapes_at_batch_one(model, input_shapes or {}).graph
     initializers = {init.name: init for init in graph.initializer}
     shapes = _known_shapes(graph)
     weight_bytes = sum(_tensor_bytes(init) for init in initializers.values())
@@ -103,14 +109,22 @@ def peak_live_activation_bytes(
     return peak
 
 
-def _shapes_at_batch_one(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy whose symbolic dims (the dynamic batch axis) are 1, with shapes inferred throughout."""
+def _shapes_at_batch_one(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> onnx.ModelProto:
+    """A copy whose inputs have `input_shapes` (other open dims, the batch axis among them, become 1) and whose
+    outputs' open first dim is 1, with shapes inferred throughout; an output dim whose size varies stays open."""
     pinned = onnx.ModelProto()
     pinned.CopyFrom(model)
-    for value in (*pinned.graph.input, *pinned.graph.output):
-        for dim in value.type.tensor_type.shape.dim:
-            if not dim.HasField("dim_value"):
+    for value in pinned.graph.input:
+        given = input_shapes.get(value.name)
+        for index, dim in enumerate(value.type.tensor_type.shape.dim):
+            if given is not None and index < len(given):
+                dim.dim_value = given[index]
+            elif not dim.HasField("dim_value"):
                 dim.dim_value = 1
+    for value in pinned.graph.output:
+        dims = value.type.tensor_type.shape.dim
+        if dims and not dims[0].HasField("dim_value"):
+            dims[0].dim_value = 1
     del pinned.graph.value_info[:]
     return shape_inference.infer_shapes(pinned, data_prop=True)
 
@@ -134,12 +148,12 @@ def _node_macs(node: onnx.NodeProto, shapes: dict[str, tuple[int, list[int]]]) -
     if node.op_type == "Conv":
         out, kernel = shape(node.output[0]), shape(node.input[1])
         if out is None or kernel is None:
-            raise ValueError(f"profile: no shape for Conv node {node.name!r}")
+            return 0  # a shape that depends on the data (after NonZero, say): not counted
         return conv_macs(out, kernel)
     if node.op_type in ("MatMul", "Gemm"):
         a, b = shape(node.input[0]), shape(node.input[1])
         if a is None or b is None:
-            raise ValueError(f"profile: no shape for {node.op_type} node {node.name!r}")
+            return 0
         attributes = {attr.name: helper.get_attribute_value(attr) for attr in node.attribute}
         if node.op_type == "Gemm":
             a = a[::-1] if attributes.get("transA") else a

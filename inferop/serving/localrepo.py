@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from inferop.errors import InferopError
 from inferop.tritonconfig import (
     MODEL_FILENAME,
     ONNX_PLATFORM,
@@ -24,7 +25,7 @@ from inferop.tritonconfig import (
 PYTHON_MODEL = Path(__file__).with_name("model.py")
 
 
-class RepositoryError(ValueError):
+class RepositoryError(InferopError, ValueError):
     """The model repository is missing or malformed; the message names the path."""
 
 

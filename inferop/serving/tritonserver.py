@@ -27,6 +27,7 @@ from pathlib import Path
 from types import TracebackType
 
 from inferop import scheduling
+from inferop.errors import InferopError
 from inferop.limits import PodCgroup, PodLimits
 from inferop.paths import cache_dir
 from inferop.quantity import format_bytes
@@ -37,7 +38,7 @@ READY_TIMEOUT_S = 120.0
 _LOAD_FAILURE = re.compile(r"(failed to load '[^']+' version \d+: .*?)(?:\\n|\"?$)")
 
 
-class ServerError(RuntimeError):
+class ServerError(InferopError, RuntimeError):
     """tritonserver could not be started or died; the message carries the reason and the log's tail."""
 
 

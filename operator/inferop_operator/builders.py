@@ -346,40 +346,81 @@ def build_hpa(service: Service, api_version: str) -> dict[str, Any]:
     }
 
 
+def build_pdb(service: Service, api_version: str) -> dict[str, Any]:
+    """A PodDisruptionBudget: a node drain or a cluster upgrade evicts one Triton pod at a time, so the others keep
+    serving while it moves. `api_version` is policy/v1 or v1beta1 (the same fields here), as served.
+
+    Wanted when more than one pod may run: replicas > 1, or an HPA with maxReplicas > 1, since the HPA may have
+    scaled out when the drain comes. maxUnavailable 1 (not minAvailable) holds whatever the count, and it never
+    blocks a drain of a single pod, so an HPA at its minimum of one is no harm; for a fixed single replica the
+    budget would protect nothing, so there is none.
+    """
+    return {
+        "apiVersion": api_version,
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(service, service.name),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(service)}},
+    }
+
+
 @dataclass(frozen=True)
 class Child:
-    """One kind of object an InferenceService owns: how it is named and built, and whether the spec wants it.
+    """One kind of object an InferenceService owns, declared once: its API identity, how it is named and built,
+    and whether the spec wants it.
 
-    `api_version` None means the autoscaling version the server offers (discovered by the handlers), which
-    `build` receives as its second argument; the other builders ignore it.
+    `versions` are the candidates, preferred first: the handlers use the first one the server offers (looked up
+    once, where there are several) and pass it to `build` as the manifest's apiVersion. A child with a `when`
+    is deleted while `when` is false; one without is always applied.
     """
 
     kind: str
-    api_version: str | None
+    group: str  # "" for the core API
+    plural: str
+    versions: tuple[str, ...]
     name: Callable[[Service], str]
     build: Callable[[Service, str], dict[str, Any]]
-    wanted: Callable[[Service], bool] = lambda service: True
+    when: Callable[[Service], bool] | None = None
     removal: tuple[str, str] = ("ChildRemoved", "no longer wanted")  # Event reason and why, on deletion
+
+    def wanted(self, service: Service) -> bool:
+        return self.when is None or self.when(service)
+
+    def api_version(self, version: str) -> str:
+        return f"{self.group}/{version}" if self.group else version
+
+    @property
+    def verbs(self) -> frozenset[str]:
+        """What the reconcile loop needs the API server to allow on this child (the chart's RBAC grants exactly
+        these): server-side apply is a PATCH, authorized as a create too while the object does not exist; a child
+        with a `when` is also deleted."""
+        return frozenset({"create", "patch", *(["delete"] if self.when is not None else [])})
 
 
 # In the order they are applied. The Deployment comes last: a child the API server refuses leaves the running
 # pods as they were (no rollout to a config whose Service or HPA is missing), and the Deployment's watch
 # quiet. An unwanted child (the HPA once spec.autoscaling is unset) is deleted.
 CHILDREN = (
-    Child("ConfigMap", "v1", lambda s: s.config_map_name, lambda s, _: build_config_map(s)),
-    Child("Service", "v1", lambda s: s.name, lambda s, _: build_service(s)),
+    Child("ConfigMap", "", "configmaps", ("v1",), lambda s: s.config_map_name, lambda s, _: build_config_map(s)),
+    Child("Service", "", "services", ("v1",), lambda s: s.name, lambda s, _: build_service(s)),
     Child(
         "HorizontalPodAutoscaler",
-        None,
+        "autoscaling",
+        "horizontalpodautoscalers",
+        ("v2", "v2beta2"),  # v2 from 1.23, v2beta2 until 1.25
         lambda s: s.name,
         build_hpa,
-        wanted=lambda s: s.spec.autoscaling is not None,
+        when=lambda s: s.spec.autoscaling is not None,
         removal=("AutoscalingRemoved", "autoscaling unset"),
     ),
-    Child("Deployment", "apps/v1", lambda s: s.name, lambda s, _: build_deployment(s)),
+    Child(
+        "PodDisruptionBudget",
+        "policy",
+        "poddisruptionbudgets",
+        ("v1", "v1beta1"),  # v1 from 1.21, v1beta1 until 1.24
+        lambda s: s.name,
+        build_pdb,
+        when=lambda s: (s.spec.autoscaling.max_replicas if s.spec.autoscaling else s.spec.replicas) > 1,
+        removal=("DisruptionBudgetRemoved", "at most one pod runs"),
+    ),
+    Child("Deployment", "apps", "deployments", ("v1",), lambda s: s.name, lambda s, _: build_deployment(s)),
 )
-
-
-def build_children(service: Service, hpa_api_version: str) -> list[dict[str, Any]]:
-    """Every child the spec asks for, in the order they are applied."""
-    return [child.build(service, hpa_api_version) for child in CHILDREN if child.wanted(service)]

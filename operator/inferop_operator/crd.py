@@ -1,7 +1,7 @@
-"""The CustomResourceDefinition, generated from the typed spec so the two cannot drift.
+"""The CustomResourceDefinition, generated from the typed spec and status so they cannot drift.
 
 `python -m inferop_operator.crd --write` regenerates the chart's CRD file; `--check` (in `make check`)
-fails when the committed file differs from what the spec model says.
+fails when the committed file differs from what the spec and status models say.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from inferop_operator.spec import GROUP, KIND, PLURAL, SHORT_NAME, VERSION, InferenceServiceSpec
+from inferop_operator.status import Status
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "charts" / "inferop" / "crds" / f"{PLURAL}.{GROUP}.yaml"
 # Keywords a structural OpenAPI v3 schema keeps; pydantic's others (title, $defs, ...) are dropped.
@@ -65,6 +66,22 @@ def spec_schema() -> dict[str, Any]:
     return structural(schema, schema.get("$defs", {}))
 
 
+def status_schema() -> dict[str, Any]:
+    """Every field the operator writes, and nothing else: the API server prunes what its schema does not list.
+    No defaults: the status says what the operator found, and an object it has not reconciled has none."""
+    schema = Status.model_json_schema(by_alias=True)
+    return without_defaults(structural(schema, schema.get("$defs", {})))
+
+
+def without_defaults(node: dict[str, Any]) -> dict[str, Any]:
+    pruned = {key: value for key, value in node.items() if key != "default"}
+    if "properties" in pruned:
+        pruned["properties"] = {name: without_defaults(child) for name, child in pruned["properties"].items()}
+    if "items" in pruned:
+        pruned["items"] = without_defaults(pruned["items"])
+    return pruned
+
+
 def build_crd() -> dict[str, Any]:
     spec = spec_schema()
     spec.pop("default", None)
@@ -98,11 +115,7 @@ def build_crd() -> dict[str, Any]:
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
                                 "spec": spec,
-                                "status": {
-                                    "type": "object",
-                                    "description": "Observed state: phase, conditions, URL, replicas, threads, memory.",
-                                    "x-kubernetes-preserve-unknown-fields": True,
-                                },
+                                "status": status_schema(),
                             },
                         }
                     },
@@ -133,7 +146,7 @@ def build_crd() -> dict[str, Any]:
 
 
 def render_crd() -> str:
-    header = "# Generated from inferop_operator/spec.py by `make crd`; `make check` fails if it drifts.\n"
+    header = "# Generated from inferop_operator/spec.py and status.py by `make crd`; `make check` fails if it drifts.\n"
     return header + yaml.safe_dump(build_crd(), sort_keys=False, width=120)
 
 
@@ -141,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--write", action="store_true", help=f"write {CRD_PATH}")
-    action.add_argument("--check", action="store_true", help="fail if the committed CRD differs from the spec model")
+    action.add_argument("--check", action="store_true", help="fail if the committed CRD differs from the models")
     action.add_argument("--print", action="store_true", help="print the CRD")
     args = parser.parse_args(argv)
     text = render_crd()
@@ -152,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         CRD_PATH.write_text(text)
         print(f"wrote {CRD_PATH}")
     elif not CRD_PATH.exists() or CRD_PATH.read_text() != text:
-        print(f"{CRD_PATH} is out of date with inferop_operator/spec.py: run `make crd`", file=sys.stderr)
+        print(f"{CRD_PATH} is out of date with inferop_operator/spec.py or status.py: run `make crd`", file=sys.stderr)
         return 1
     return 0
 

@@ -4,24 +4,30 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 
+from inferop.errors import InferopError
 from inferop_operator.builders import CHILDREN, Service
 from inferop_operator.kubeapi import ApiFailure, KubeApi, load_client
 from inferop_operator.plan import Refusal, plan_service
 from inferop_operator.settings import OperatorSettings
 from inferop_operator.spec import GROUP, KIND, PLURAL, VERSION, InferenceServiceSpec, SpecError, parse_spec
 from inferop_operator.status import (
-    children_failed,
+    Status,
     children_failed_status,
     deployed_status,
     failure_message,
+    follow_deployment,
     invalid_status,
+    new_warnings,
+    read_status,
     refused_status,
     same_condition,
+    status_patch,
 )
 
 SETTINGS = OperatorSettings()
@@ -69,26 +75,30 @@ def reconcile(
     status: Any,
     body: Any,
     retry: int = 0,
-) -> dict[str, Any]:
+) -> Status:
     """Apply the children for a valid, safe spec and return the status; raise PermanentError for a spec that
-    cannot run, TemporaryError (with a backoff over `retry`) for a child the API server refused for now."""
+    cannot run, TemporaryError (with a backoff over `retry`) for a child the API server refused for now.
+
+    A Warning event is posted only for what the status written last did not already say, so resyncs and restarts
+    repeat none."""
     current = dict(status or {})
-    previous = current.get("conditions")
+    previous = read_status(current)
     try:
         spec = parse_spec(raw_spec)
     except SpecError as error:
-        kopf.warn(body, reason="InvalidSpec", message=str(error))
-        patch_status(namespace, name, current, invalid_status(str(error), generation, previous))
+        new_status = invalid_status(str(error), generation, previous)
+        if not same_condition("Valid", previous, new_status):
+            kopf.warn(body, reason="InvalidSpec", message=str(error))
+        patch_status(namespace, name, current, new_status)
         raise kopf.PermanentError(f"invalid spec: {error}") from None
     try:
         plan = plan_service(spec, SETTINGS.runtime_costs())
     except Refusal as refusal:
-        kopf.warn(body, reason=refusal.reason, message=refusal.message)
         new_status = refused_status(refusal.condition, refusal.reason, refusal.message, generation, previous)
+        if not same_condition(refusal.condition, previous, new_status):
+            kopf.warn(body, reason=refusal.reason, message=refusal.message)
         patch_status(namespace, name, current, new_status)
         raise kopf.PermanentError(refusal.message) from None
-    for warning in plan.warnings:
-        kopf.warn(body, reason="Warning", message=warning)
 
     service = Service(name=name, namespace=namespace, uid=uid, spec=spec, plan=plan, image=image_for(spec))
     try:
@@ -96,8 +106,9 @@ def reconcile(
     except ChildFailed as failed:
         failure = failed.failure
         new_status = children_failed_status(service, failure, generation, previous)
+        warn_new(body, previous, new_status)
         # One Warning per new answer; retries that meet the same answer only log it.
-        if not same_condition("ChildrenApplied", current, new_status):
+        if not same_condition("ChildrenApplied", previous, new_status):
             kopf.warn(body, reason=failure.reason, message=failure_message(failure))
         try:
             patch_status(namespace, name, current, new_status)
@@ -107,11 +118,18 @@ def reconcile(
             raise kopf.PermanentError(failure.explain()) from failed.__cause__
         raise kopf.TemporaryError(failure.explain(), delay=failure.delay(retry)) from failed.__cause__
     new_status = deployed_status(service, deployment, generation, previous)
+    warn_new(body, previous, new_status)
     patch_status(namespace, name, current, new_status)
     return new_status
 
 
-class ChildFailed(Exception):
+def warn_new(body: Any, previous: Status, new: Status) -> None:
+    """A Warning event for each of the plan's warnings that the status written last did not carry."""
+    for warning in new_warnings(previous, new):
+        kopf.warn(body, reason="Warning", message=warning)
+
+
+class ChildFailed(InferopError):
     """The API server refused a request about one child; `failure` says which and why."""
 
     def __init__(self, failure: ApiFailure):
@@ -127,8 +145,7 @@ def apply_children(service: Service, body: Any) -> dict[str, Any]:
         name = child.name(service)
         action = "apply" if child.wanted(service) else "delete"
         try:
-            # The HPA's version is discovered once (a GET of /apis/autoscaling), with the first HPA request.
-            version = child.api_version or kube.hpa_api_version
+            version = kube.served_version(child)
             if action == "apply":
                 applied[child.kind] = kube.apply(child.build(service, version))
             elif kube.delete(version, child.kind, service.namespace, name):
@@ -143,10 +160,11 @@ def image_for(spec: InferenceServiceSpec) -> str:
     return spec.runtime.image or SETTINGS.triton_image
 
 
-def patch_status(namespace: str, name: str, current: dict[str, Any], new: dict[str, Any]) -> None:
-    """Patch only when something changed: a resync of a converged service costs no write."""
-    if any(current.get(key) != value for key, value in new.items()):
-        api().patch_service_status(namespace, name, new)
+def patch_status(namespace: str, name: str, current: Mapping[str, Any], new: Status) -> None:
+    """Patch only what changed: a resync of a converged service costs no write."""
+    patch = status_patch(current, new)
+    if patch:
+        api().patch_service_status(namespace, name, patch)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -157,13 +175,14 @@ def on_change(
 ) -> None:
     assert namespace is not None, "InferenceServices are namespaced"
     result = reconcile(name, namespace, uid, spec, meta.get("generation"), status, body, retry)
-    threads = result["threads"]
+    threads = result.threads
+    assert threads is not None, "a reconciled status carries the thread plan"
     kopf.info(
         body,
         reason="Reconciled",
         message=(
-            f"Triton Deployment applied: {threads['instances']} instance(s) x {threads['intraOp']} intra-op + "
-            f"{threads['interOp']} inter-op threads on {threads['cpus']:g} CPU(s); phase {result['phase']}"
+            f"Triton Deployment applied: {threads.instances} instance(s) x {threads.intra_op} intra-op + "
+            f"{threads.inter_op} inter-op threads on {threads.cpus:g} CPU(s); phase {result.phase}"
         ),
     )
 
@@ -181,9 +200,9 @@ def resync(
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def services(uid: str, spec: Any, status: Any, meta: Any, **_: Any) -> dict[str, dict[str, Any]]:
-    """Services by uid, kept in memory from the watch, so following a Deployment costs no GET."""
-    return {uid: {"spec": copy.deepcopy(dict(spec)), "status": copy.deepcopy(dict(status or {}))}}
+def services(uid: str, status: Any, **_: Any) -> dict[str, dict[str, Any]]:
+    """Statuses of the services by uid, kept in memory from the watch, so following a Deployment costs no GET."""
+    return {uid: copy.deepcopy(dict(status or {}))}
 
 
 # kopf passes indices as keyword arguments its handler protocols do not list.
@@ -191,25 +210,15 @@ def services(uid: str, spec: Any, status: Any, meta: Any, **_: Any) -> dict[str,
 def deployment_event(
     body: Any, namespace: str | None, type: str, services: kopf.Index[str, dict[str, Any]], **_: Any
 ) -> None:
-    """Follow the Deployment's status into the owner's status (readiness, replicas, Available)."""
+    """Follow the Deployment's readiness (replicas, readyReplicas, Available, Ready, phase) into the owner's status,
+    on top of what the service handler last wrote: no re-parsing, no re-planning."""
     owner = next((o for o in body.get("metadata", {}).get("ownerReferences", []) if o.get("kind") == KIND), None)
     known = services.get(owner["uid"]) if owner else None
     if owner is None or namespace is None or type == "DELETED" or not known:
         return
-    parent = next(iter(known))
-    if "observedGeneration" not in parent["status"]:
-        return  # not reconciled yet: the service handler writes the first status
-    if children_failed(parent["status"]):
-        return  # a child is missing: the service handler reports it until it is applied
-    try:
-        spec = parse_spec(parent["spec"])
-        plan = plan_service(spec, SETTINGS.runtime_costs())
-    except (SpecError, Refusal):
-        return  # the service's own handler reports it; this Deployment predates the bad spec
-    service = Service(
-        name=owner["name"], namespace=namespace, uid=owner["uid"], spec=spec, plan=plan, image=image_for(spec)
-    )
-    current = parent["status"]
-    # observedGeneration stays what the service handler last reconciled; this only refreshes readiness.
-    new_status = deployed_status(service, dict(body), current.get("observedGeneration"), current.get("conditions"))
-    patch_status(namespace, owner["name"], current, new_status)
+    written = next(iter(known))
+    current = read_status(written)
+    # Not reconciled yet, a spec that cannot run, or a child missing: the service handler reports those.
+    if current.phase not in ("Ready", "Progressing"):
+        return
+    patch_status(namespace, owner["name"], written, follow_deployment(current, dict(body), current))

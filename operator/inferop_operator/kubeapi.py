@@ -8,7 +8,6 @@ asking again can help.
 
 from __future__ import annotations
 
-import functools
 import http
 import json
 import os
@@ -18,15 +17,11 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from inferop_operator.spec import GROUP, PLURAL, VERSION
+from inferop.errors import InferopError
+from inferop_operator.builders import CHILDREN, Child
+from inferop_operator.spec import GROUP, KIND, PLURAL, VERSION
 
-PLURALS = {
-    "ConfigMap": "configmaps",
-    "Service": "services",
-    "Deployment": "deployments",
-    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
-    "InferenceService": PLURAL,
-}
+PLURALS = {**{child.kind: child.plural for child in CHILDREN}, KIND: PLURAL}
 REQUEST_TIMEOUT = 30  # seconds; no call to the API server may hang
 # The request itself is wrong (422 Invalid: a child's name or field the server rejects, 400, 413 too large,
 # 415): the same spec sends the same request again, so asking again cannot help.
@@ -52,6 +47,10 @@ def resource_path(api_version: str, kind: str, namespace: str, name: str | None 
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}"
     return f"{path}/{name}" if name else path
+
+
+class NoServedVersion(InferopError, RuntimeError):
+    """The API server offers none of the versions the operator can write for a child."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +122,7 @@ class KubeApi:
     def __init__(self, api_client: client.ApiClient, field_manager: str):
         self.api_client = api_client
         self.field_manager = field_manager
+        self._served: dict[str, str] = {}  # child kind -> the apiVersion used for it, once discovered
 
     def _call(
         self,
@@ -188,12 +188,20 @@ class KubeApi:
             body={"status": status},
         )
 
-    @functools.cached_property
-    def hpa_api_version(self) -> str:
-        """autoscaling/v2 where the server offers it (1.23+), else autoscaling/v2beta2 (1.20-1.25)."""
-        group = self._call("GET", "/apis/autoscaling")
-        versions = {v["version"] for v in group.get("versions", [])}
-        for version in ("v2", "v2beta2"):
-            if version in versions:
-                return f"autoscaling/{version}"
-        raise RuntimeError(f"the API server offers no autoscaling/v2 or v2beta2 (only {sorted(versions)})")
+    def served_version(self, child: Child) -> str:
+        """The apiVersion to use for `child`: its only candidate, or the first of its candidates that the server
+        offers (one GET of /apis/<group>, the first time it is asked), so that both Kubernetes 1.20
+        (autoscaling/v2beta2, policy/v1beta1) and current releases (autoscaling/v2, policy/v1) work."""
+        if len(child.versions) == 1:
+            return child.api_version(child.versions[0])
+        if child.kind not in self._served:
+            group = self._call("GET", f"/apis/{child.group}")
+            offered = {v["version"] for v in group.get("versions", [])}
+            version = next((v for v in child.versions if v in offered), None)
+            if version is None:
+                raise NoServedVersion(
+                    f"the API server offers none of {', '.join(map(child.api_version, child.versions))} for "
+                    f"{child.kind} (only {sorted(offered)})"
+                )
+            self._served[child.kind] = child.api_version(version)
+        return self._served[child.kind]

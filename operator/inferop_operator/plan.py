@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inferop.capacity import QueueBound, derive_queue_bound, pod_capacity
+from inferop.errors import InferopError
 from inferop.memory import (
     CONTAINER_RUNTIME,
     GPU_RUNTIME,
@@ -26,7 +27,7 @@ from inferop.tritonconfig import ServingConfig
 from inferop_operator.spec import InferenceServiceSpec
 
 
-class Refusal(Exception):
+class Refusal(InferopError):
     """The spec is valid but must not run; `condition` is the status condition that explains why."""
 
     def __init__(self, condition: str, reason: str, message: str):
@@ -109,20 +110,7 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
     if memory.available_bytes is None:
         warnings.append(f"memory fit not checked: {memory.against}")
 
-    serving = ServingConfig(
-        name=spec.model.name,
-        inputs=tuple(t.as_tensor_spec() for t in spec.model.inputs),
-        outputs=tuple(t.as_tensor_spec() for t in spec.model.outputs),
-        max_batch_size=spec.batching.max_batch_size,
-        instances=spec.instances,
-        device="gpu" if spec.uses_gpu else "cpu",
-        max_queue_delay_microseconds=spec.batching.max_queue_delay_microseconds,
-        max_queue_size=queue.size,
-        request_timeout_microseconds=round(spec.timeouts.request_seconds * 1_000_000),
-        intra_op_threads=threads.intra_op,
-        inter_op_threads=threads.inter_op,
-        weights=spec.model.weights,
-    )
+    serving = spec.serving_config(threads, queue.size)
     return Plan(serving=serving, threads=threads, cpu_source=cpu_source, queue=queue, memory=memory, warnings=warnings)
 
 
@@ -140,7 +128,7 @@ def queue_bound(spec: InferenceServiceSpec, threads: ThreadPlan) -> QueueBound:
         pod_capacity(spec.model.profile.samples_per_cpu_second, threads),
         spec.timeouts.request_seconds,
         spec.instances,
-        spec.batching.max_batch_size,
+        spec.batching.samples_per_batch,
         requested=spec.batching.max_queue_size,
     )
 
@@ -158,16 +146,21 @@ def estimate_peak(spec: InferenceServiceSpec, costs: RuntimeCosts) -> MemoryEsti
     """The pod's peak with its queue full, for `spec` as it stands (threads and queue bound re-derived)."""
     cpus, _ = cpu_budget(spec)
     threads = plan_threads(cpus, spec.instances, spec.threads.intra_op, spec.threads.inter_op)
-    shape = ServingShape(spec.instances, spec.batching.max_batch_size, queue_bound(spec, threads).size)
+    shape = ServingShape(spec.instances, spec.batching.samples_per_batch, queue_bound(spec, threads).size)
     return estimate_memory(model_costs(spec), shape, costs)
 
 
 def model_costs(spec: InferenceServiceSpec) -> ModelCosts:
-    """What the memory estimate needs of the model: its profile and the bytes of its tensors per sample."""
+    """What the memory estimate needs of the model: its profile and the bytes of its tensors per sample
+    (as export measured them, else from the tensors' dims)."""
+    profile = spec.model.profile
+    tensors = (*spec.model.inputs, *spec.model.outputs)
     return ModelCosts(
-        weight_bytes=spec.model.profile.weight_bytes,
-        activation_bytes_per_sample=spec.model.profile.activation_bytes_per_sample,
-        io_bytes_per_sample=sum(t.as_tensor_spec().bytes_per_sample for t in (*spec.model.inputs, *spec.model.outputs)),
+        weight_bytes=profile.weight_bytes,
+        activation_bytes_per_sample=profile.activation_bytes_per_sample,
+        io_bytes_per_sample=profile.io_bytes_per_sample
+        if profile.io_bytes_per_sample is not None
+        else sum(t.as_tensor_spec().bytes_per_sample for t in tensors),
     )
 
 

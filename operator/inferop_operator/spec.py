@@ -12,9 +12,12 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from inferop.errors import InferopError
+from inferop.processing import Processing
 from inferop.quantity import QUANTITY_PATTERN, parse_quantity
 from inferop.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
-from inferop.tritonconfig import Datatype, TensorSpec
+from inferop.threads import ThreadPlan
+from inferop.tritonconfig import DYNAMIC_DIM, Datatype, ServingConfig, TensorSpec
 
 GROUP = "inferop.dev"
 VERSION = "v1alpha1"
@@ -31,7 +34,7 @@ Quantity = Annotated[
 ]
 
 
-class SpecError(ValueError):
+class SpecError(InferopError, ValueError):
     """An invalid InferenceService spec; `str()` names every offending field and what is allowed."""
 
 
@@ -62,6 +65,14 @@ class Profile(Section):
             "capacity (see batching.maxQueueSize)."
         ),
     )
+    io_bytes_per_sample: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Bytes of one sample's inputs and outputs as measured by inferop export; unset: computed from the "
+            "tensors' dims (a dynamic dim counted as 1)."
+        ),
+    )
 
 
 class Tensor(Section):
@@ -69,10 +80,23 @@ class Tensor(Section):
 
     name: str = Field(min_length=1, description="Tensor name in the model.")
     datatype: Datatype = Field(default="FP32", description="Element type.")
-    dims: list[Annotated[int, Field(ge=1)]] = Field(min_length=1, description="Shape without the batch axis.")
+    dims: list[Annotated[int, Field(ge=DYNAMIC_DIM)]] = Field(
+        min_length=1,
+        description=(
+            "Shape without the batch axis (the full shape when batching.maxBatchSize is 0). An output's dim may "
+            "be -1 when its size varies; every input dim is fixed."
+        ),
+    )
     label_filename: str | None = Field(
         default=None, description="File in the model directory with one class name a line (outputs only)."
     )
+
+    @field_validator("dims")
+    @classmethod
+    def _no_zero_dims(cls, dims: list[int]) -> list[int]:
+        if 0 in dims:
+            raise ValueError(f"{dims}: a dim of 0 holds nothing; use -1 for a dynamic output dim")
+        return dims
 
     def as_tensor_spec(self) -> TensorSpec:
         return TensorSpec(
@@ -106,6 +130,14 @@ class Model(Section):
     )
     inputs: list[Tensor] = Field(min_length=1, description="Model inputs.")
     outputs: list[Tensor] = Field(min_length=1, description="Model outputs.")
+    processing: Processing | None = Field(
+        default=None,
+        description=(
+            "How callers make inputs and read outputs, as inferop export declares it for a network it knows; "
+            "written into the served config (parameter inferop_processing), where `inferop infer` reads it. "
+            "Unset: plain tensors."
+        ),
+    )
 
     @field_validator("storage_uri", mode="before")
     @classmethod
@@ -116,6 +148,17 @@ class Model(Section):
                 f"{value!r} has an unknown scheme {scheme!r}: expected pvc://claim/path, hostpath:///path or oci://image"
             )
         return value
+
+    @model_validator(mode="after")
+    def _tensors(self) -> Model:
+        names = [t.name for t in (*self.inputs, *self.outputs)]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"tensor names must be distinct across inputs and outputs; repeated: {repeated}")
+        dynamic = [t.name for t in self.inputs if DYNAMIC_DIM in t.dims]
+        if dynamic:
+            raise ValueError(f"inputs {dynamic}: every input dim must be fixed (-1 is for outputs only)")
+        return self
 
     @model_validator(mode="after")
     def _storage(self) -> Model:
@@ -188,7 +231,15 @@ class Threads(Section):
 class Batching(Section):
     """Triton's dynamic batcher and its bounded queue."""
 
-    max_batch_size: int = Field(default=8, ge=1, le=4096, description="Largest batch the model runs.")
+    max_batch_size: int = Field(
+        default=8,
+        ge=0,
+        le=4096,
+        description=(
+            "Largest batch the model runs. 0: the model has no batch axis (a fixed shape); requests run one at a "
+            "time and the tensors' dims are the full shape."
+        ),
+    )
     max_queue_delay_microseconds: int = Field(
         default=2000, ge=0, le=10_000_000, description="How long a request may wait for others to batch with."
     )
@@ -198,12 +249,18 @@ class Batching(Section):
         le=1_000_000,
         description=(
             "Requests queued per model before new ones are rejected. Unset: derived by Little's law so that an "
-            "accepted request is answered within half of timeouts.requestSeconds: capacity x requestSeconds / 2 "
-            "less three rounds of batches (instances x maxBatchSize each), at most 1024, capacity being "
+            "accepted request is answered within half of timeouts.requestSeconds: capacity x 0.8 x "
+            "requestSeconds / 2 (0.8: what a pod keeps of its capacity while it rejects overload) less three rounds "
+            "of batches (instances x maxBatchSize each), at most 1024, capacity being "
             "model.profile.samplesPerCpuSecond x the CPUs the threads use; requests are taken as one sample "
             "each. With no measured capacity: 2 x maxBatchSize x instances, and the status warns."
         ),
     )
+
+    @property
+    def samples_per_batch(self) -> int:
+        """Samples in the largest batch: a model without a batch axis runs one request at a time."""
+        return max(self.max_batch_size, 1)
 
 
 class Timeouts(Section):
@@ -245,7 +302,17 @@ class Gpu(Section):
     memory: Quantity = Field(description="Device memory available to one pod, e.g. 16Gi.")
 
 
-class InferenceServiceSpec(Section):
+class Serving(Section):
+    """How one model is served in one pod: the settings `inferop export` writes into config.pbtxt and its
+    manifest, and the operator into the pod's config. Their defaults live here and nowhere else."""
+
+    instances: int = Field(default=1, ge=1, le=256, description="Triton model instances per pod.")
+    threads: Threads = Field(default_factory=Threads, description="ONNX Runtime threads per instance.")
+    batching: Batching = Field(default_factory=Batching, description="Dynamic batching.")
+    timeouts: Timeouts = Field(default_factory=Timeouts, description="Request and start-up timeouts.")
+
+
+class InferenceServiceSpec(Serving):
     """A model served by NVIDIA Triton that cannot oversubscribe its CPUs, predictably fits in memory,
     times out instead of hanging, and scales on load."""
 
@@ -253,16 +320,31 @@ class InferenceServiceSpec(Section):
     runtime: Runtime = Field(default_factory=Runtime, description="The serving container.")
     replicas: int = Field(default=1, ge=0, le=1000, description="Pods, when autoscaling is not set.")
     resources: Resources = Field(default_factory=Resources, description="Triton container resources.")
-    instances: int = Field(default=1, ge=1, le=256, description="Triton model instances per pod.")
-    threads: Threads = Field(default_factory=Threads, description="ONNX Runtime threads per instance.")
-    batching: Batching = Field(default_factory=Batching, description="Dynamic batching.")
-    timeouts: Timeouts = Field(default_factory=Timeouts, description="Request and start-up timeouts.")
     autoscaling: Autoscaling | None = Field(default=None, description="Scale on load with an HPA.")
     gpu: Gpu | None = Field(default=None, description="GPU memory for the memory-fit check.")
 
     @property
     def uses_gpu(self) -> bool:
         return parse_quantity(self.resources.limits.get(GPU_RESOURCE, 0), GPU_RESOURCE) > 0
+
+    def serving_config(self, threads: ThreadPlan, queue_size: int | None) -> ServingConfig:
+        """The one translation of a spec into what config.pbtxt holds, given the threads and queue bound the
+        plan derived for it: export, the operator and local serving all render this."""
+        return ServingConfig(
+            name=self.model.name,
+            inputs=tuple(t.as_tensor_spec() for t in self.model.inputs),
+            outputs=tuple(t.as_tensor_spec() for t in self.model.outputs),
+            max_batch_size=self.batching.max_batch_size,
+            instances=self.instances,
+            device="gpu" if self.uses_gpu else "cpu",
+            max_queue_delay_microseconds=self.batching.max_queue_delay_microseconds,
+            max_queue_size=queue_size,
+            request_timeout_microseconds=round(self.timeouts.request_seconds * 1_000_000),
+            intra_op_threads=threads.intra_op,
+            inter_op_threads=threads.inter_op,
+            weights=self.model.weights,
+            processing=self.model.processing,
+        )
 
     @model_validator(mode="after")
     def _gpu_memory(self) -> InferenceServiceSpec:
@@ -275,6 +357,14 @@ def parse_spec(raw: dict[str, Any] | Any) -> InferenceServiceSpec:
     """Validate a raw spec; errors list each field by its camelCase path with what was wrong."""
     try:
         return InferenceServiceSpec.model_validate(dict(raw or {}))
+    except ValidationError as error:
+        raise SpecError(format_errors(error)) from None
+
+
+def parse_serving(raw: dict[str, Any]) -> Serving:
+    """Validate serving settings alone (what export takes before a model exists), named as in a spec."""
+    try:
+        return Serving.model_validate(raw)
     except ValidationError as error:
         raise SpecError(format_errors(error)) from None
 

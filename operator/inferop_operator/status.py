@@ -1,64 +1,171 @@
 """Status that tells the truth: phase, conditions, replicas and URL, derived from facts, never assumed.
 
-Pure functions: the handlers pass in what they know (the plan or the refusal, the Deployment's status)
-and patch what these return.
+The status is a typed model, as the spec is: the CRD's status schema is generated from it (an API server prunes
+every status field its schema does not list), and the handlers patch its camelCase dump. Pure functions: the
+handlers pass in what they know (the plan or the refusal, the Deployment's status, the status written last) and
+patch what these return.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from pydantic import ConfigDict, Field, ValidationError
 
 from inferop_operator.builders import CHILDREN, Service, selector_labels
+from inferop_operator.spec import Section
 
 if TYPE_CHECKING:  # the status stays free of the Kubernetes client; it only reads a failure's fields
     from inferop_operator.kubeapi import ApiFailure
 
-CONDITION_TYPES = ("Valid", "ThreadBudget", "MemoryFit", "ChildrenApplied", "Available", "Ready")
+ConditionType = Literal["Valid", "ThreadBudget", "MemoryFit", "ChildrenApplied", "Available", "Ready"]
+CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)
+Phase = Literal["Ready", "Progressing", "Pending", "Failed"]
+
+
+class Reported(Section):
+    """A part of the status: camelCase like the spec. A field this model does not know (an older operator's) is
+    ignored when the status is read, so it cannot fail every reconcile."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class Condition(Reported):
+    """One check and its outcome, as Kubernetes conditions are written."""
+
+    type: ConditionType = Field(description="What was checked.")
+    status: Literal["True", "False", "Unknown"] = Field(description="The outcome: True, False or Unknown.")
+    reason: str = Field(description="The outcome in one CamelCase word, for tools.")
+    message: str = Field(default="", description="The outcome for a person: the arithmetic, the server's answer.")
+    last_transition_time: str | None = Field(
+        default=None, description="When status last changed (RFC 3339, UTC); a new message alone does not move it."
+    )
+
+
+class ThreadsStatus(Reported):
+    """The effective thread plan of each pod."""
+
+    cpus: float = Field(description="CPUs a pod may use, from which the thread counts are derived.")
+    cpu_source: str = Field(description="Where cpus came from: limit, request, or assumed (neither is set).")
+    instances: int = Field(description="Triton model instances per pod.")
+    intra_op: int = Field(description="ONNX Runtime intra-op threads of each instance.")
+    inter_op: int = Field(description="ONNX Runtime inter-op threads of each instance.")
+    summary: str = Field(description="instances x (intraOp + interOp) / whole CPUs, as `kubectl get` shows it.")
+
+
+class QueueStatus(Reported):
+    """The bound of Triton's request queue."""
+
+    max_queue_size: int = Field(description="Requests queued per model before new ones are rejected.")
+    source: str = Field(description="spec (batching.maxQueueSize), capacity (derived), or unknown capacity.")
+    capacity_samples_per_second: float | None = Field(
+        default=None, description="Samples a pod serves per second, when the model's profile measured it."
+    )
+
+
+class MemoryStatus(Reported):
+    """The pod's memory estimate with its queue full, and what it was checked against."""
+
+    required_bytes: int = Field(description="Peak bytes a pod needs with its queue full.")
+    available_bytes: int | None = Field(
+        default=None, description="The memory limit (CPU) or gpu.memory (GPU) it fits in; unset: not checked."
+    )
+
+
+class Status(Reported):
+    """Observed state: phase, conditions, URL, replicas, threads, the queue bound, memory and warnings."""
+
+    phase: Phase | None = Field(
+        default=None,
+        description=(
+            "Ready; Progressing; Pending while a child the API server refused is retried; Failed for a spec that "
+            "cannot run (invalid, refused, or a child the API server rejects as invalid)."
+        ),
+    )
+    observed_generation: int | None = Field(default=None, description="The spec generation this status is about.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Valid, ThreadBudget, MemoryFit, ChildrenApplied, Available and Ready, in this order.",
+    )
+    url: str | None = Field(default=None, description="Where the Service serves Triton's HTTP API.")
+    replicas: int | None = Field(default=None, description="Pods of the Deployment (the scale subresource's count).")
+    ready_replicas: int | None = Field(default=None, description="Pods of the Deployment that are ready.")
+    threads: ThreadsStatus | None = Field(default=None, description="The effective thread plan of each pod.")
+    queue: QueueStatus | None = Field(default=None, description="The bound of Triton's request queue.")
+    memory: MemoryStatus | None = Field(default=None, description="The pod's memory estimate with its queue full.")
+    selector: str | None = Field(default=None, description="Label selector of the pods (the scale subresource's).")
+    warnings: list[str] | None = Field(
+        default=None, description="What the plan warns about; each is posted as a Warning event once, when new."
+    )
+
+    def condition(self, kind: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == kind), None)
+
+
+def read_status(raw: Any) -> Status:
+    """The status as last written. One this model cannot read counts as none: it is rewritten, not retried forever."""
+    try:
+        return Status.model_validate(dict(raw or {}))
+    except ValidationError:
+        return Status()
+
+
+def status_patch(current: Mapping[str, Any], new: Status) -> dict[str, Any]:
+    """The JSON merge patch that makes the written status (`current`, as read) say `new`: only the fields that
+    changed, so a resync of a converged service writes nothing. Fields `new` leaves unset (the threads of an
+    invalid spec) keep what they said; inside a field, a key `new` no longer has is removed (a merge patch would
+    otherwise keep a stale memory.availableBytes)."""
+
+    def diff(before: Any, after: Any) -> Any:
+        if not (isinstance(before, Mapping) and isinstance(after, Mapping)):
+            return after
+        return {
+            **{key: None for key in before if key not in after},
+            **{key: diff(before.get(key), value) for key, value in after.items() if before.get(key) != value},
+        }
+
+    written = new.model_dump(by_alias=True, exclude_none=True)
+    return {key: diff(current.get(key), value) for key, value in written.items() if current.get(key) != value}
 
 
 def now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def condition(kind: str, ok: bool | None, reason: str, message: str) -> dict[str, str]:
-    return {
-        "type": kind,
-        "status": {True: "True", False: "False", None: "Unknown"}[ok],
-        "reason": reason,
-        "message": message,
-    }
+def condition(kind: str, ok: bool | None, reason: str, message: str) -> Condition:
+    return Condition(
+        type=kind, status={True: "True", False: "False", None: "Unknown"}[ok], reason=reason, message=message
+    )
 
 
-def merge_conditions(previous: list[dict[str, Any]] | None, current: list[dict[str, str]]) -> list[dict[str, Any]]:
+def merge_conditions(previous: list[Condition], current: list[Condition]) -> list[Condition]:
     """Conditions in a fixed order; lastTransitionTime moves only when a condition's status changes."""
-    before = {c.get("type"): c for c in previous or []}
+    before = {c.type: c for c in previous}
     merged = []
-    for item in sorted(current, key=lambda c: CONDITION_TYPES.index(c["type"])):
-        old = before.get(item["type"])
-        changed = old is None or old.get("status") != item["status"]
-        since = now() if old is None or changed else old.get("lastTransitionTime", now())
-        merged.append({**item, "lastTransitionTime": since})
+    for item in sorted(current, key=lambda c: CONDITION_TYPES.index(c.type)):
+        old = before.get(item.type)
+        since = old.last_transition_time if old is not None and old.status == item.status else None
+        merged.append(item.model_copy(update={"last_transition_time": since or now()}))
     return merged
 
 
-def invalid_status(message: str, generation: int | None, previous: list[dict[str, Any]] | None) -> dict[str, Any]:
-    return {
-        "phase": "Failed",
-        "observedGeneration": generation,
-        "conditions": merge_conditions(
-            previous,
+def invalid_status(message: str, generation: int | None, previous: Status) -> Status:
+    return Status(
+        phase="Failed",
+        observed_generation=generation,
+        conditions=merge_conditions(
+            previous.conditions,
             [
                 condition("Valid", False, "InvalidSpec", message),
                 condition("Ready", False, "InvalidSpec", "the spec is invalid; nothing was deployed for it"),
             ],
         ),
-    }
+    )
 
 
-def refused_status(
-    condition_type: str, reason: str, message: str, generation: int | None, previous: list[dict[str, Any]] | None
-) -> dict[str, Any]:
+def refused_status(condition_type: str, reason: str, message: str, generation: int | None, previous: Status) -> Status:
     checks = [
         condition("Valid", True, "SpecValid", "the spec is valid"),
         condition(condition_type, False, reason, message),
@@ -67,43 +174,67 @@ def refused_status(
         checks.append(condition("ThreadBudget", True, "WithinBudget", "the thread budget fits"))
     # Nothing is created for a refused spec; what an earlier accepted spec deployed is left as it was.
     checks.append(condition("Ready", False, reason, f"spec refused, nothing deployed for it: {message}"))
-    return {
-        "phase": "Failed",
-        "observedGeneration": generation,
-        "conditions": merge_conditions(previous, checks),
-    }
+    return Status(
+        phase="Failed", observed_generation=generation, conditions=merge_conditions(previous.conditions, checks)
+    )
 
 
-def plan_status(service: Service) -> dict[str, Any]:
-    """The effective numbers a user needs to trust the deployment: threads and the memory estimate."""
+def plan_status(service: Service) -> Status:
+    """The effective numbers a user needs to trust the deployment (threads, queue bound, memory estimate), and the
+    plan's warnings."""
     plan = service.plan
     threads, memory = plan.threads, plan.memory
-    return {
-        "threads": {
-            "cpus": threads.cpus,
-            "cpuSource": plan.cpu_source,
-            "instances": threads.instances,
-            "intraOp": threads.intra_op,
-            "interOp": threads.inter_op,
-            "summary": f"{threads.instances}x({threads.intra_op}+{threads.inter_op})/{threads.cpu_slots}cpu",
-        },
-        "queue": {
-            "maxQueueSize": plan.queue.size,
-            "source": plan.queue.source,
-            **({"capacitySamplesPerSecond": round(plan.queue.capacity, 3)} if plan.queue.capacity else {}),
-        },
-        "memory": {
-            "requiredBytes": memory.required_bytes,
-            **({"availableBytes": int(memory.available_bytes)} if memory.available_bytes is not None else {}),
-        },
-        "selector": ",".join(f"{k}={v}" for k, v in selector_labels(service).items()),
-    }
+    return Status(
+        threads=ThreadsStatus(
+            cpus=threads.cpus,
+            cpu_source=plan.cpu_source,
+            instances=threads.instances,
+            intra_op=threads.intra_op,
+            inter_op=threads.inter_op,
+            summary=f"{threads.instances}x({threads.intra_op}+{threads.inter_op})/{threads.cpu_slots}cpu",
+        ),
+        queue=QueueStatus(
+            max_queue_size=plan.queue.size,
+            source=plan.queue.source,
+            capacity_samples_per_second=round(plan.queue.capacity, 3) if plan.queue.capacity else None,
+        ),
+        memory=MemoryStatus(
+            required_bytes=memory.required_bytes,
+            available_bytes=int(memory.available_bytes) if memory.available_bytes is not None else None,
+        ),
+        selector=",".join(f"{k}={v}" for k, v in selector_labels(service).items()),
+        warnings=list(plan.warnings),
+    )
+
+
+def new_warnings(previous: Status, current: Status) -> list[str]:
+    """The warnings `current` carries that the status written last did not: each is posted once, when it first
+    holds, not again on every resync or operator restart."""
+    return [warning for warning in current.warnings or [] if warning not in (previous.warnings or [])]
 
 
 def deployed_status(
-    service: Service, deployment: dict[str, Any] | None, generation: int | None, previous: list[dict[str, Any]] | None
-) -> dict[str, Any]:
+    service: Service, deployment: dict[str, Any] | None, generation: int | None, previous: Status
+) -> Status:
     """Status of a deployed service, from its plan and the Deployment's own status."""
+    applied = ", ".join(f"{kind} {name}" for kind, name in children(service))
+    planned = plan_status(service).model_copy(
+        update={
+            "url": service.url,
+            "observed_generation": generation,
+            "conditions": [
+                *plan_conditions(service),
+                condition("ChildrenApplied", True, "Applied", f"{applied} applied"),
+            ],
+        }
+    )
+    return follow_deployment(planned, deployment, previous)
+
+
+def follow_deployment(status: Status, deployment: dict[str, Any] | None, previous: Status) -> Status:
+    """`status` with what the Deployment says: replicas, readyReplicas, the Available and Ready conditions and the
+    phase they give; transition times are kept from `previous`. Nothing else is re-derived, so the Deployment
+    watcher refreshes readiness without parsing or planning the spec again."""
     deployment_status = (deployment or {}).get("status") or {}
     desired = ((deployment or {}).get("spec") or {}).get("replicas", 0)
     ready = int(deployment_status.get("readyReplicas") or 0)
@@ -127,27 +258,18 @@ def deployed_status(
         available_condition = condition(
             "Available",
             available.get("status") == "True",
-            available.get("reason", "Unknown"),
-            available.get("message", ""),
+            str(available.get("reason", "Unknown")),
+            str(available.get("message", "")),
         )
-    applied = ", ".join(f"{kind} {name}" for kind, name in children(service))
-    return {
-        "phase": "Ready" if ready_condition["status"] == "True" else "Progressing",
-        "url": service.url,
-        "replicas": current,
-        "readyReplicas": ready,
-        "observedGeneration": generation,
-        **plan_status(service),
-        "conditions": merge_conditions(
-            previous,
-            [
-                *plan_conditions(service),
-                condition("ChildrenApplied", True, "Applied", f"{applied} applied"),
-                available_condition,
-                ready_condition,
-            ],
-        ),
-    }
+    others = [c for c in status.conditions if c.type not in ("Available", "Ready")]
+    return status.model_copy(
+        update={
+            "phase": "Ready" if ready_condition.status == "True" else "Progressing",
+            "replicas": current,
+            "ready_replicas": ready,
+            "conditions": merge_conditions(previous.conditions, [*others, available_condition, ready_condition]),
+        }
+    )
 
 
 def children(service: Service) -> list[tuple[str, str]]:
@@ -155,7 +277,7 @@ def children(service: Service) -> list[tuple[str, str]]:
     return [(child.kind, child.name(service)) for child in CHILDREN if child.wanted(service)]
 
 
-def plan_conditions(service: Service) -> list[dict[str, str]]:
+def plan_conditions(service: Service) -> list[Condition]:
     """The checks a planned spec passed: valid, within its thread budget, and its memory fit (or unchecked)."""
     memory = service.plan.memory
     return [
@@ -167,33 +289,30 @@ def plan_conditions(service: Service) -> list[dict[str, str]]:
     ]
 
 
-def children_failed_status(
-    service: Service, failure: ApiFailure, generation: int | None, previous: list[dict[str, Any]] | None
-) -> dict[str, Any]:
+def children_failed_status(service: Service, failure: ApiFailure, generation: int | None, previous: Status) -> Status:
     """Status of a planned service whose child the API server refused (`failure`).
 
     A refusal that asking again cannot help (422 invalid...) is Failed, like an invalid spec, until the spec
     changes; any other (500, 403 forbidden by a quota...) is Pending: it is retried with a backoff.
     """
-    phase = "Failed" if failure.permanent else "Pending"
     message = failure_message(failure)
     # What the Deployment reported last still holds: the failure says nothing about its pods.
-    last = find_condition({"conditions": previous}, "Available")
-    available = [{key: str(last.get(key, "")) for key in ("type", "status", "reason", "message")}] if last else []
-    return {
-        "phase": phase,
-        "observedGeneration": generation,
-        **plan_status(service),
-        "conditions": merge_conditions(
-            previous,
-            [
-                *plan_conditions(service),
-                condition("ChildrenApplied", False, failure.reason, message),
-                *available,
-                condition("Ready", False, "ChildrenNotApplied", f"not every child is applied: {message}"),
-            ],
-        ),
-    }
+    available = previous.condition("Available")
+    return plan_status(service).model_copy(
+        update={
+            "phase": "Failed" if failure.permanent else "Pending",
+            "observed_generation": generation,
+            "conditions": merge_conditions(
+                previous.conditions,
+                [
+                    *plan_conditions(service),
+                    condition("ChildrenApplied", False, failure.reason, message),
+                    *([available] if available else []),
+                    condition("Ready", False, "ChildrenNotApplied", f"not every child is applied: {message}"),
+                ],
+            ),
+        }
+    )
 
 
 def failure_message(failure: ApiFailure) -> str:
@@ -202,19 +321,15 @@ def failure_message(failure: ApiFailure) -> str:
 
 
 def find_condition(status: Any, kind: str) -> dict[str, Any] | None:
+    """A condition of a Kubernetes object's status as the API server returns it (the Deployment's)."""
     return next((c for c in (status or {}).get("conditions") or [] if c.get("type") == kind), None)
 
 
-def same_condition(kind: str, before: Any, after: Any) -> bool:
+def same_condition(kind: str, before: Status, after: Status) -> bool:
     """Condition `kind` says the same (status, reason, message) in both statuses; its time may differ."""
 
-    def said(status: Any) -> tuple[Any, ...] | None:
-        found = find_condition(status, kind)
-        return (found.get("status"), found.get("reason"), found.get("message")) if found else None
+    def said(status: Status) -> tuple[str, str, str] | None:
+        found = status.condition(kind)
+        return (found.status, found.reason, found.message) if found else None
 
     return said(before) == said(after)
-
-
-def children_failed(status: Any) -> bool:
-    """True while the last reconcile left a child unapplied (ChildrenApplied is False)."""
-    return (find_condition(status, "ChildrenApplied") or {}).get("status") == "False"

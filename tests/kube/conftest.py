@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from inferop.cluster.controlplane import ControlPlane
 from inferop.paths import repo_root
+from inferop_devtools.cluster.controlplane import ControlPlane
 from tests.conftest import wait_for
 
 REPO = repo_root()

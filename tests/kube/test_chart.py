@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
-from inferop.cluster.controlplane import ControlPlane
+from inferop_devtools.cluster.controlplane import ControlPlane
+from inferop_operator.builders import CHILDREN
 from inferop_operator.cli import STOP_BOUND_SECONDS
+from inferop_operator.spec import GROUP, PLURAL
 from tests.kube.conftest import REPO, Kubectl, kube_tools_dir, wait_for
 
 pytestmark = pytest.mark.integration
@@ -202,6 +204,22 @@ class TestRender:
                         assert "*" not in rule[field], (doc["metadata"]["name"], rule)
                     assert not {"secrets", "pods", "pods/exec", "serviceaccounts/token"} & set(rule["resources"])
                     assert not {"escalate", "bind", "impersonate", "update", "deletecollection"} & set(rule["verbs"])
+
+    @pytest.mark.parametrize("rendering", ["default", "namespaced"])
+    def test_each_child_gets_exactly_the_verbs_the_operator_uses(self, helm: Helm, rendering: str) -> None:
+        """A child added to the operator's registry without its rule (or a rule left after a child is gone)
+        fails here, before any cluster sees the forbidden request."""
+        kind = "Role" if rendering == "namespaced" else "ClusterRole"
+        rules = by_kind(helm.template(*RENDERINGS[rendering]))[(kind, "inferop-application")]["rules"]
+        granted: dict[tuple[str, str], set[str]] = {}
+        for rule in rules:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    granted.setdefault((group, resource), set()).update(rule["verbs"])
+        assert granted == {
+            **{(child.group, child.plural): set(child.verbs) for child in CHILDREN},
+            (GROUP, f"{PLURAL}/status"): {"patch"},
+        }
 
     def test_monitoring_needs_both_the_value_and_the_api(self, helm: Helm) -> None:
         without_api = helm.template("--set", "monitoring.enabled=true")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
@@ -95,7 +96,7 @@ class TestApplyExamples:
         [
             ("unknown-scheme.yaml", "spec.model.storageUri in body should match"),
             ("bad-autoscaling.yaml", 'spec.autoscaling.metric: Unsupported value: "gpuUtilisation"'),
-            ("bad-autoscaling.yaml", "spec.batching.maxBatchSize in body should be greater than or equal to 1"),
+            ("bad-autoscaling.yaml", "spec.batching.maxBatchSize in body should be greater than or equal to 0"),
         ],
     )
     def test_schema_rejects_invalid_examples_with_the_apiservers_message(
@@ -131,6 +132,38 @@ class TestRefusals:
         assert "batching.maxBatchSize <= 20" in fit["message"] and "instances <= 1" in fit["message"]
         assert _events(kubectl, namespace, "InsufficientMemory")
         assert kubectl.get("deployment", "out-of-memory", namespace) is None
+
+    def test_a_users_model_without_a_batch_axis_and_with_a_varying_output(
+        self, kubectl: Kubectl, namespace: str
+    ) -> None:
+        """What `inferop export onnx` writes for such a model passes the apiserver's schema and the operator, and
+        the mounted config keeps both: max_batch_size 0 and an output dim of -1."""
+        from inferop.tritonconfig import parse_model_config
+
+        model = {
+            "name": "own_model",
+            "storageUri": "hostpath:///models/own_model",
+            "profile": {
+                "parameters": 54,
+                "macsPerSample": 864,
+                "weightBytes": 216,
+                "activationBytesPerSample": 320,
+                "samplesPerCpuSecond": 90000.0,
+                "ioBytesPerSample": 96,
+            },
+            "weights": "own_model.onnx, sha256 0123456789abcdef",
+            "inputs": [{"name": "x", "dims": [1, 2, 4, 4]}, {"name": "ids", "datatype": "INT64", "dims": [1, 2]}],
+            "outputs": [{"name": "head", "dims": [1, -1]}],
+            "processing": {"kind": "tensors"},
+        }
+        apply_text(kubectl, namespace, manifest("own-model", model=model, batching={"maxBatchSize": 0}))
+        config_map = wait_for(lambda: kubectl.get("configmap", "own-model-config", namespace), what="ConfigMap")
+        config = parse_model_config(config_map["data"]["config.pbtxt"])
+        assert config.max_batch_size == 0
+        assert [list(o.dims) for o in config.output] == [[1, -1]]
+        assert config.parameters["inferop_processing"].string_value == '{"kind":"tensors"}'
+        service = wait_for(lambda: kubectl.get("inferenceservice", "own-model", namespace), what="the service")
+        assert (condition(service, "Valid") or {}).get("status") == "True"
 
     def test_allowing_oversubscription_deploys_with_a_warning(self, kubectl: Kubectl, namespace: str) -> None:
         apply_text(
@@ -367,6 +400,69 @@ class TestStatus:
             lambda: env_of(kubectl.get("deployment", "steady", namespace) or {}).get("OMP_NUM_THREADS") == "2",
             what="edit applied",
         )
+
+
+class TestWarningsOnChange:
+    def test_warnings_are_posted_once_across_resyncs_and_restarts(
+        self, kubectl: Kubectl, namespace: str, operator: OperatorRunner, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A spec without a CPU limit deploys with a warning, and an oversubscribed one is refused with one: each is
+        posted when it first holds, not again on every resync nor when a restarted operator resumes."""
+        no_cpu = manifest("no-cpu", instances=1, resources={"limits": {"memory": "1Gi"}})
+        apply_text(kubectl, namespace, no_cpu)
+        assert kubectl.apply(namespace, EXAMPLES / "refused" / "oversubscribed.yaml").returncode == 0
+        wait_for(lambda: _warnings(kubectl, namespace, "no-cpu", NO_CPU_WARNING), what="the no-CPU warning")
+        wait_for(lambda: _warnings(kubectl, namespace, "oversubscribed", "thread budget"), what="the refusal")
+
+        def drift_reverted() -> None:
+            """Proof that a resync ran: only a reconcile reverts a manual scale of the Deployment."""
+            kubectl.run("-n", namespace, "scale", "deployment/no-cpu", "--replicas=3")
+
+            def reverted() -> bool:
+                deployment = kubectl.get("deployment", "no-cpu", namespace)
+                return deployment is not None and deployment["spec"]["replicas"] == 1
+
+            wait_for(reverted, timeout=RESYNC_SECONDS * 5 + 10, what="a resync to revert the scale")
+
+        for _ in range(3):
+            drift_reverted()
+        reconciled = len(_events(kubectl, namespace, "Reconciled"))
+        refusals_handled = len(_handler_failures(caplog, namespace, "oversubscribed"))
+        operator.restart()
+        # The restarted operator resumes both services: a new Reconciled event and a new handler failure say so.
+        wait_for(lambda: len(_events(kubectl, namespace, "Reconciled")) > reconciled, what="no-cpu resumed")
+        wait_for(
+            lambda: len(_handler_failures(caplog, namespace, "oversubscribed")) > refusals_handled,
+            what="oversubscribed resumed",
+        )
+        drift_reverted()
+
+        assert _warnings(kubectl, namespace, "no-cpu", NO_CPU_WARNING) == 1
+        assert _warnings(kubectl, namespace, "oversubscribed", "thread budget") == 1
+
+
+NO_CPU_WARNING = "no CPU limit or request set"
+
+
+def _warnings(kubectl: Kubectl, namespace: str, name: str, prefix: str) -> int:
+    """How many times a Warning starting with `prefix` was posted about `name` (Events repeated in place count)."""
+    items = json.loads(kubectl.run("-n", namespace, "get", "events", "-o", "json").stdout)["items"]
+    return sum(
+        int(e.get("count") or 1)
+        for e in items
+        if e["type"] == "Warning" and e["involvedObject"]["name"] == name and e["message"].startswith(prefix)
+    )
+
+
+def _handler_failures(caplog: pytest.LogCaptureFixture, namespace: str, name: str) -> list[logging.LogRecord]:
+    """kopf's log records of a handler run about `name` that ended in a PermanentError: one per run."""
+    return [
+        record
+        for record in caplog.records
+        if getattr(record, "k8s_ref", {}).get("namespace") == namespace
+        and getattr(record, "k8s_ref", {}).get("name") == name
+        and "failed permanently" in record.getMessage()
+    ]
 
 
 def _events(kubectl: Kubectl, namespace: str, reason: str) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from inferop.cluster.controlplane import ControlPlane, free_ports
+from inferop_devtools.cluster.controlplane import ControlPlane, free_ports
 from tests.kube.conftest import CONV_NET_THREADS, EXAMPLES, Kubectl, OperatorRunner, kube_tools_dir, wait_for
 from tests.kube.test_chart import CHART, Helm
 
@@ -269,6 +269,28 @@ class TestNamespaced:
             assert "status" not in (kubectl.get("infsvc", "conv-net", installed.other) or {})
         assert forbidden_lines(installed) == []
 
+    def test_a_disruption_budget_comes_with_the_second_replica_and_goes_with_it(
+        self, kubectl: Kubectl, installed: Installed
+    ) -> None:
+        ns = installed.watched
+        pdb = "poddisruptionbudgets.v1beta1.policy"  # what Kubernetes 1.20 serves
+        paired = yaml.safe_load((EXAMPLES / "conv-net.yaml").read_text())
+        paired["metadata"]["name"] = "paired"
+        paired["spec"]["replicas"] = 2
+        with operator_process(installed, f"--namespace={ns}"):
+            kubectl.run("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(paired))
+            budget = wait_for(lambda: kubectl.get(pdb, "paired", ns), timeout=30, what="PodDisruptionBudget")
+            assert budget["spec"]["maxUnavailable"] == 1
+            assert budget["metadata"]["ownerReferences"][0]["name"] == "paired"
+            deployment = wait_for(lambda: kubectl.get("deployment", "paired", ns), what="Deployment")
+            assert budget["spec"]["selector"] == deployment["spec"]["selector"]
+
+            patch = json.dumps({"spec": {"replicas": 1}})
+            kubectl.run("patch", "infsvc", "paired", "-n", ns, "--type=merge", "-p", patch)
+            wait_for(lambda: kubectl.get(pdb, "paired", ns) is None, what="PodDisruptionBudget deleted")
+            assert wait_for(lambda: events(kubectl, ns, "paired").get("DisruptionBudgetRemoved"), what="event")
+        assert forbidden_lines(installed) == []
+
     def test_the_same_operator_without_the_charts_roles_is_refused(
         self, kubectl: Kubectl, control_plane: ControlPlane, installed: Installed, tmp_path: Path
     ) -> None:
@@ -290,6 +312,9 @@ class TestNamespaced:
             ("create", "deployments.apps", "watched", True),
             ("patch", "inferenceservices.inferop.dev/status", "watched", True),
             ("delete", "horizontalpodautoscalers.autoscaling", "watched", True),
+            ("patch", "poddisruptionbudgets.policy", "watched", True),
+            ("delete", "poddisruptionbudgets.policy", "watched", True),
+            ("delete", "poddisruptionbudgets.policy", "other", False),
             ("create", "events", "watched", True),
             ("get", "secrets", "watched", False),
             ("list", "secrets", "watched", False),
@@ -325,6 +350,7 @@ class TestNamespaced:
             "configmaps": {"create", "patch"},
             "services": {"create", "patch"},
             "horizontalpodautoscalers.autoscaling": {"create", "patch", "delete"},
+            "poddisruptionbudgets.policy": {"create", "patch", "delete"},
             "events": {"create"},
         }
 

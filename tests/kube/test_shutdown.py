@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from inferop.cluster.controlplane import ControlPlane, kube_binaries, process_running
+from inferop_devtools.cluster.controlplane import ControlPlane, kube_binaries, process_running
 from inferop_operator.cli import STOP_BOUND_SECONDS
 from tests.kube.conftest import CRD_DIR, EXAMPLES, Kubectl, kube_tools_dir, wait_for
 

@@ -74,7 +74,9 @@ app.kubernetes.io/component: predictor
 RBAC, split like kopf's own example (docs/deployment-rbac.yaml): what the framework needs to watch and
 report, and what the application's handlers do. Every verb below was checked against a real API server
 with the chart's ServiceAccount (tests/kube/test_rbac.py); nothing else is granted: no wildcards, no
-Secrets, no Pods, no deletes but the HorizontalPodAutoscaler's.
+Secrets, no Pods, no deletes but of the optional children (HorizontalPodAutoscaler, PodDisruptionBudget).
+The application's rules grant each child in the operator's registry (CHILDREN in
+operator/inferop_operator/builders.py) exactly the verbs its reconcile loop uses (tests/kube/test_chart.py).
 */}}
 {{- define "inferop.frameworkRules" -}}
 # kopf lists and watches InferenceServices (the handlers and the in-memory index that the Deployment
@@ -110,6 +112,10 @@ Secrets, no Pods, no deletes but the HorizontalPodAutoscaler's.
 # The HorizontalPodAutoscaler (autoscaling/v2 or v2beta2) is also deleted when spec.autoscaling is unset.
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
+  verbs: ["create", "patch", "delete"]
+# The PodDisruptionBudget (policy/v1 or v1beta1) is also deleted when at most one pod may run.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
   verbs: ["create", "patch", "delete"]
 {{- end }}
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from inferop.errors import InferopError
 from inferop.paths import cache_dir, repo_root
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 GET_BINARIES = "scripts/kube-binaries.sh (builds Kubernetes once, or honours $KUBEBUILDER_ASSETS)"
 
 
-class ClusterError(RuntimeError):
+class ClusterError(InferopError, RuntimeError):
     """The control plane could not be started or reached; the message says why and what to do."""
 
 

@@ -11,7 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from inferop.cluster.controlplane import ClusterError, ControlPlane, default_state_dir
+from inferop_devtools.cluster.controlplane import ClusterError, ControlPlane, default_state_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

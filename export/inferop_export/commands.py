@@ -1,0 +1,5 @@
+"""The command this distribution registers in the entry-point group `inferop.commands` (see `inferop.commands`)."""
+
+from inferop.commands import Command
+
+EXPORT = Command("inferop_export.cli", "export a network to ONNX in a Triton model repository, verified")

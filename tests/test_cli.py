@@ -1,0 +1,112 @@
+"""The `inferop` command line: subcommands come from the entry points of the installed distributions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+
+from inferop import cli
+from inferop.commands import BENCH, GROUP, INFER, PROVIDERS, SERVE, Command
+
+CORE_ONLY: dict[str, Command] = {"bench": BENCH, "infer": INFER, "serve": SERVE}  # what the core alone registers
+
+
+def fresh_interpreter(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+
+
+class TestMissingDistribution:
+    @pytest.mark.parametrize(
+        ("argv", "message"),
+        [
+            (
+                ["export", "conv_net", "--repo", "r"],
+                "inferop: inferop export is provided by inferop-export, which is not installed here: "
+                "pip install inferop-export (from a checkout of inferop: pip install ./export)\n",
+            ),
+            (
+                ["operator", "--help"],
+                "inferop: inferop operator is provided by inferop-operator, which is not installed here: "
+                "pip install inferop-operator (from a checkout of inferop: pip install ./operator)\n",
+            ),
+            (
+                ["cluster", "up"],
+                "inferop: inferop cluster is provided by inferop-devtools, which is not installed here: "
+                "pip install inferop-devtools (from a checkout of inferop: pip install ./devtools)\n",
+            ),
+        ],
+    )
+    def test_names_the_distribution_to_install(
+        self, argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setattr(cli, "installed", lambda: dict(CORE_ONLY))
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err == message
+
+    def test_help_lists_installed_commands_and_names_the_missing(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setattr(cli, "installed", lambda: dict(CORE_ONLY))
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["--help"])
+        assert exit_.value.code == 0
+        out = capsys.readouterr().out
+        assert "serve a model repository with a local tritonserver" in out
+        assert "operator" not in out.split("not installed here")[0]
+        missing = "not installed here: operator (inferop-operator), export (inferop-export), cluster (inferop-devtools)"
+        assert missing in " ".join(out.split())
+
+    def test_an_unknown_command_is_argparse_s_error(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setattr(cli, "installed", lambda: dict(CORE_ONLY))
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["nonsense"])
+        assert exit_.value.code == 2
+        assert "invalid choice: 'nonsense'" in capsys.readouterr().err
+
+
+class TestRegistration:
+    def test_each_distribution_registers_the_commands_it_provides(self) -> None:
+        """Here all four are installed (make install); the table of providers matches their metadata."""
+        registered = {entry.name: entry.dist.name if entry.dist else None for entry in entry_points(group=GROUP)}
+        assert registered == {name: provider.distribution for name, provider in PROVIDERS.items()}
+
+    @pytest.mark.parametrize("name", sorted(PROVIDERS))
+    def test_each_command_names_a_module_with_add_arguments_and_run(self, name: str) -> None:
+        (entry,) = entry_points(group=GROUP, name=name)
+        command = entry.load()
+        assert isinstance(command, Command)
+        assert command.help
+        probe = f"import {command.module} as m; assert callable(m.add_arguments) and callable(m.run)"
+        result = fresh_interpreter(probe)
+        assert result.returncode == 0, result.stderr
+
+
+class TestLazyImports:
+    def test_top_level_help_imports_no_command_module(self) -> None:
+        code = (
+            "import sys\n"
+            "from inferop.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = {'torch', 'onnx', 'kopf', 'kubernetes', 'inferop.serving.cli', 'inferop_export.cli',\n"
+            "         'inferop_operator.cli', 'inferop_devtools.cluster.cli'}\n"
+            "print(sorted(heavy & set(sys.modules)))\n"
+        )
+        result = fresh_interpreter(code)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[-1] == "[]"
+
+    def test_the_operator_command_does_not_import_torch(self) -> None:
+        code = (
+            "import sys\n"
+            "from inferop.cli import main\n"
+            "try:\n    main(['operator', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print('inferop_operator.cli' in sys.modules, 'torch' in sys.modules)\n"
+        )
+        result = fresh_interpreter(code)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[-1] == "True False"
