@@ -8,7 +8,7 @@ export INFEROP_CACHE := $(CACHE)
 # Where the chart and the tests find helm and kubectl, and the control plane's binaries.
 TOOLS_STAMP := $(CACHE)/.tools-ready
 
-.PHONY: help install demo test unit check lint format bench field tools e2e-kind crd clean
+.PHONY: help install demo test unit check lint format bench field drills tools e2e-kind crd clean
 
 help:
 	@echo "make demo      export both models, serve them with tritonserver, call and benchmark them"
@@ -16,6 +16,7 @@ help:
 	@echo "make check     ruff, mypy, import contracts, and drift of generated files (CRD schema, chart CRD)"
 	@echo "make bench     speed and memory figures, as ratios measured in one run"
 	@echo "make field     the four field failures under a pod's limits, naive against inferop (out/field/report.md)"
+	@echo "make drills    bad specs, operator kills, control-plane restarts, hostile requests, 1,000 services (out/drills/report.md)"
 	@echo "make e2e-kind  end to end on a kind cluster (needs Docker and kind)"
 
 install: $(STAMP)
@@ -70,6 +71,9 @@ bench: $(STAMP) $(TOOLS_STAMP)
 
 field: $(STAMP) $(TOOLS_STAMP)
 	$(BIN)/python scripts/field.py $(FIELD_ARGS)
+
+drills: $(STAMP) $(TOOLS_STAMP)
+	$(BIN)/python scripts/drills.py $(DRILLS_ARGS)
 
 e2e-kind: $(STAMP) $(TOOLS_STAMP)
 	bash scripts/e2e-kind.sh

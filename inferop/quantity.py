@@ -27,6 +27,8 @@ _SUFFIXES = {
     "Pi": Decimal(2**50),
     "Ei": Decimal(2**60),
 }
+# Kubernetes keeps amounts in a signed 64-bit integer (of milli-units for CPUs); nothing larger is a resource.
+MAX_AMOUNT = Decimal(2**63 - 1)
 _SPLIT = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
 
 
@@ -37,9 +39,12 @@ def parse_quantity(value: int | float | str, field: str = "quantity") -> float:
     if match is None or match.group(2) not in _SUFFIXES:
         raise ValueError(f"{field}: {value!r} is not a Kubernetes quantity (examples: 2, 500m, 4Gi, 1.5)")
     try:
-        return float(Decimal(match.group(1)) * _SUFFIXES[match.group(2)])
+        amount = Decimal(match.group(1)) * _SUFFIXES[match.group(2)]
     except InvalidOperation as error:
         raise ValueError(f"{field}: {value!r} is not a Kubernetes quantity") from error
+    if abs(amount) > MAX_AMOUNT:  # "1e400" matches the grammar; as a float it would be infinite
+        raise ValueError(f"{field}: {value!r} is too large (at most {MAX_AMOUNT:.3g} cores, bytes or devices)")
+    return float(amount)
 
 
 def format_bytes(size: float) -> str:

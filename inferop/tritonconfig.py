@@ -28,6 +28,8 @@ Datatype = Literal["FP32", "FP16", "BF16", "FP64", "INT64", "INT32", "INT8", "UI
 DATATYPE_BYTES: dict[str, int] = {
     "FP32": 4, "FP16": 2, "BF16": 2, "FP64": 8, "INT64": 8, "INT32": 4, "INT8": 1, "UINT8": 1, "BOOL": 1
 }  # fmt: skip
+# Tensor names as ONNX exporters write them and Triton's config and HTTP/JSON protocol carry them unescaped.
+TENSOR_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:/-]*$"
 # Triton's spelling of a dim whose size each response decides (an output only: inputs are fixed here).
 DYNAMIC_DIM = -1
 
@@ -38,7 +40,7 @@ class TensorSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$")
+    name: str = Field(min_length=1, max_length=256, pattern=TENSOR_NAME_PATTERN)
     datatype: Datatype = "FP32"
     dims: tuple[int, ...] = Field(min_length=1)
     label_filename: str | None = Field(

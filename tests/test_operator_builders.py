@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -24,6 +27,7 @@ from inferop_operator.builders import (
     build_config_map,
     build_deployment,
     build_hpa,
+    build_network_policy,
     build_pdb,
     build_service,
     layout_script,
@@ -31,7 +35,7 @@ from inferop_operator.builders import (
     triton_args,
 )
 from inferop_operator.plan import plan_service
-from inferop_operator.spec import parse_spec
+from inferop_operator.spec import SpecError, parse_spec
 from tests import specs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "operator" / "examples"
@@ -76,6 +80,27 @@ SPECS = {
     ),
 }
 SPEC_PARAMS = [pytest.param(raw, id=name) for name, raw in SPECS.items()]
+
+
+def started_argv(service: Service, tmp_path: Path) -> list[str]:
+    """The argv the Triton container's command execs: its script run by sh with the container's args, and a
+    `tritonserver` on PATH that prints its argv (after `chrt`, which is real here)."""
+    container = triton_container(build_deployment(service))
+    fake = tmp_path / "bin" / "tritonserver"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(
+        [*container["command"], *container["args"]], env=env, capture_output=True, text=True, check=True
+    )
+    prefix = container["command"][2].split("exec ", 1)[1].split(' "$@"', 1)[0].split()
+    return [*prefix, *result.stdout.splitlines()]
+
+
+def admin_token(argv: list[str]) -> str:
+    (flag,) = [arg for arg in argv if arg.startswith("--http-restricted-api=")]
+    return flag.rsplit("inferop-admin=", 1)[1]
 
 
 def triton_container(deployment: dict[str, Any]) -> dict[str, Any]:
@@ -245,11 +270,11 @@ class TestDeployment:
         assert triton_container(deployment)["image"] == IMAGE
         assert init_container(deployment, "layout-model")["image"] == IMAGE
 
-    def test_tritonserver_runs_under_sched_batch_unless_asked_otherwise(self) -> None:
-        batch = triton_container(build_deployment(make_service(raw_spec())))
-        assert batch["command"] == ["chrt", "--batch", "0", "tritonserver"]
-        normal = triton_container(build_deployment(make_service(raw_spec(runtime={"cpuScheduling": "normal"}))))
-        assert normal["command"] == ["tritonserver"]
+    def test_tritonserver_runs_under_sched_batch_unless_asked_otherwise(self, tmp_path: Path) -> None:
+        batch = started_argv(make_service(raw_spec()), tmp_path)
+        assert batch[:4] == ["chrt", "--batch", "0", "tritonserver"]
+        normal = started_argv(make_service(raw_spec(runtime={"cpuScheduling": "normal"})), tmp_path)
+        assert normal[0] == "tritonserver"
 
     def test_config_map_is_mounted(self) -> None:
         service = make_service(raw_spec())
@@ -262,27 +287,52 @@ class TestDeployment:
 
 
 class TestTritonArgs:
-    def test_fixed_model_and_restricted_repository_api(self) -> None:
+    def test_fixed_model_and_restricted_repository_api(self, tmp_path: Path) -> None:
         service = make_service(raw_spec())
         args = triton_args(service)
         assert triton_container(build_deployment(service))["args"] == args
         assert "--model-control-mode=none" in args
         assert f"--model-repository={MODEL_REPOSITORY}" in args
         assert "--strict-readiness=true" in args
-        restricted = f"model-repository,shared-memory:inferop-admin={service.admin_token}"
-        assert f"--http-restricted-api={restricted}" in args
-        assert f"--grpc-restricted-protocol={restricted}" in args
         assert tuple(a for a in args if re.match(r"--(http|grpc|metrics)-port=", a)) == (
             "--http-port=8000",
             "--grpc-port=8001",
             "--metrics-port=8002",
         )
+        # What the container's shell execs: the args as rendered, then both APIs closed with a drawn token.
+        argv = started_argv(service, tmp_path)
+        token = admin_token(argv)
+        restricted = f"model-repository,shared-memory:inferop-admin={token}"
+        assert argv == [
+            "chrt",
+            "--batch",
+            "0",
+            "tritonserver",
+            *args,
+            f"--http-restricted-api={restricted}",
+            f"--grpc-restricted-protocol={restricted}",
+        ]
 
-    def test_admin_token_differs_per_service(self) -> None:
-        first = make_service(raw_spec(), uid="uid-1").admin_token
-        second = make_service(raw_spec(), uid="uid-2").admin_token
-        assert first != second
-        assert len(first) == 32
+    @pytest.mark.parametrize("raw", SPEC_PARAMS)
+    def test_admin_token_is_random_per_start_and_in_no_object(self, raw: dict[str, Any], tmp_path: Path) -> None:
+        service = make_service(raw)
+        first, second = admin_token(started_argv(service, tmp_path)), admin_token(started_argv(service, tmp_path))
+        assert re.fullmatch(r"[0-9a-f]{32}", first)
+        assert first != second  # a restart draws a new one
+        old_derived = hashlib.sha256(f"inferop.dev/{service.uid}".encode()).hexdigest()[:32]
+        assert old_derived not in (first, second)
+        rendered = json.dumps([c.build(service, c.versions[0]) for c in CHILDREN if c.wanted(service)])
+        assert first not in rendered and old_derived not in rendered
+        container = triton_container(build_deployment(service))
+        assert "inferop-admin=" not in json.dumps(container["args"] + container["env"])
+
+    def test_no_random_source_no_start(self, tmp_path: Path) -> None:
+        """A shell that cannot draw a token does not start Triton with an empty (guessable) one."""
+        script = triton_container(build_deployment(make_service(raw_spec())))["command"][2]
+        broken = script.replace("/dev/urandom", str(tmp_path / "missing"), 1)
+        result = subprocess.run(["sh", "-c", broken, "tritonserver"], capture_output=True, text=True, check=False)
+        assert result.returncode != 0
+        assert "no random admin token" in result.stderr
 
     @pytest.mark.parametrize(("request_seconds", "exit_timeout"), [(10, 15), (2.5, 8), (0.1, 6)])
     def test_in_flight_requests_get_time_to_finish(self, request_seconds: float, exit_timeout: int) -> None:
@@ -598,6 +648,46 @@ class TestPodDisruptionBudget:
         assert pdb.wanted(make_service(raw_spec(**sections))) is wanted
 
 
+NETWORK_POLICY = {"networkPolicy": {"enabled": True, "metricsNamespace": "monitoring"}}
+
+
+class TestNetworkPolicy:
+    def test_inference_from_anywhere_metrics_from_one_namespace_nothing_else(self) -> None:
+        service = make_service(raw_spec(**NETWORK_POLICY))
+        policy = build_network_policy(service)
+        assert (policy["apiVersion"], policy["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
+        spec = policy["spec"]
+        # the Deployment's pods, exactly
+        assert spec["podSelector"]["matchLabels"] == build_deployment(service)["spec"]["selector"]["matchLabels"]
+        assert spec["policyTypes"] == ["Ingress"]  # what ingress does not list is refused
+        inference, metrics = spec["ingress"]
+        assert "from" not in inference  # any caller
+        assert inference["ports"] == [{"protocol": "TCP", "port": 8000}, {"protocol": "TCP", "port": 8001}]
+        assert metrics == {
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "ports": [{"protocol": "TCP", "port": 8002}],
+        }
+        ports = {p["containerPort"]: p for p in triton_container(build_deployment(service))["ports"]}
+        assert {ports[8000]["name"], ports[8001]["name"], ports[8002]["name"]} == {"http", "grpc", "metrics"}
+
+    def test_without_a_metrics_namespace_nobody_scrapes(self) -> None:
+        policy = build_network_policy(make_service(raw_spec(networkPolicy={"enabled": True})))
+        assert [rule["ports"] for rule in policy["spec"]["ingress"]] == [
+            [{"protocol": "TCP", "port": 8000}, {"protocol": "TCP", "port": 8001}]
+        ]
+
+    def test_wanted_only_when_enabled(self) -> None:
+        (child,) = [c for c in CHILDREN if c.kind == "NetworkPolicy"]
+        assert child.wanted(make_service(raw_spec(**NETWORK_POLICY)))
+        assert not child.wanted(make_service(raw_spec()))
+        assert not child.wanted(make_service(raw_spec(networkPolicy={"metricsNamespace": "monitoring"})))
+
+    @pytest.mark.parametrize("namespace", ["Monitoring", "-x", "a" * 64, ""])
+    def test_a_namespace_that_cannot_be_one_is_refused(self, namespace: str) -> None:
+        with pytest.raises(SpecError, match="metricsNamespace"):
+            parse_spec(raw_spec(networkPolicy={"enabled": True, "metricsNamespace": namespace}))
+
+
 def wanted_children(sections: dict[str, Any]) -> list[dict[str, Any]]:
     """What the reconcile loop applies for a spec, each child at its preferred version."""
     service = make_service(raw_spec(**sections))
@@ -611,15 +701,18 @@ class TestChildren:
             ({}, ["ConfigMap", "Service", "Deployment"]),
             ({"replicas": 2}, ["ConfigMap", "Service", "PodDisruptionBudget", "Deployment"]),
             (AUTOSCALED, ["ConfigMap", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Deployment"]),
+            (NETWORK_POLICY, ["ConfigMap", "Service", "NetworkPolicy", "Deployment"]),
         ],
-        ids=["one replica", "two replicas", "autoscaled"],
+        ids=["one replica", "two replicas", "autoscaled", "network policy"],
     )
     def test_what_the_spec_wants_with_the_deployment_last(self, sections: dict[str, Any], kinds: list[str]) -> None:
         built = wanted_children(sections)
         assert [child["kind"] for child in built] == kinds
         assert all(child["metadata"]["ownerReferences"] == [owner_reference()] for child in built)
 
-    @pytest.mark.parametrize("sections", [{}, AUTOSCALED], ids=["fixed replicas", "autoscaled"])
+    @pytest.mark.parametrize(
+        "sections", [{}, AUTOSCALED, NETWORK_POLICY], ids=["fixed replicas", "autoscaled", "network policy"]
+    )
     def test_names_and_versions_are_those_built(self, sections: dict[str, Any]) -> None:
         service = make_service(raw_spec(**sections))
         for child in (c for c in CHILDREN if c.wanted(service)):
@@ -636,12 +729,14 @@ class TestChildren:
             ("", "services"),
             ("autoscaling", "horizontalpodautoscalers"),
             ("policy", "poddisruptionbudgets"),
+            ("networking.k8s.io", "networkpolicies"),
             ("apps", "deployments"),
         }
 
     def test_optional_children_are_deleted_and_the_rest_never(self) -> None:
         verbs = {child.kind: child.verbs for child in CHILDREN}
-        assert verbs["HorizontalPodAutoscaler"] == verbs["PodDisruptionBudget"] == {"create", "patch", "delete"}
+        optional = ("HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy")
+        assert all(verbs[kind] == {"create", "patch", "delete"} for kind in optional)
         assert verbs["Deployment"] == verbs["ConfigMap"] == verbs["Service"] == {"create", "patch"}
 
     def test_an_unset_autoscaling_deletes_the_hpa(self) -> None:

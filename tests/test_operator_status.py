@@ -13,15 +13,20 @@ from inferop_operator.kubeapi import ApiFailure
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
 from inferop_operator.status import (
+    MemoryStatus,
     Status,
     children_failed_status,
     condition,
     deployed_status,
     follow_deployment,
+    follow_pods,
     invalid_status,
     merge_conditions,
+    new_advice,
     new_warnings,
     plan_status,
+    pod_facts,
+    pods_condition,
     read_status,
     refused_status,
     same_condition,
@@ -223,7 +228,16 @@ class TestDeployedStatus:
     def test_checks_that_passed_are_reported(self) -> None:
         status = written(deployed_status(make_service(), deployment(), 1, Status()))
         conditions = by_type(status)
-        assert list(conditions) == ["Valid", "ThreadBudget", "MemoryFit", "ChildrenApplied", "Available", "Ready"]
+        assert list(conditions) == [
+            "Valid",
+            "ThreadBudget",
+            "MemoryFit",
+            "ChildrenApplied",
+            "Progressing",
+            "PodsHealthy",
+            "Available",
+            "Ready",
+        ]
         assert conditions["Valid"]["status"] == "True"
         assert (conditions["ChildrenApplied"]["status"], conditions["ChildrenApplied"]["reason"]) == ("True", "Applied")
         assert conditions["ChildrenApplied"]["message"] == (
@@ -494,3 +508,159 @@ class TestWarningsOnChange:
         kind = "Valid" if first.condition("Valid").status == "False" else "ThreadBudget"
         assert same_condition(kind, first, again)
         assert not same_condition(kind, Status(), first)
+
+
+def pod(
+    name: str = "conv-net-abc-1",
+    memory_limit: str | None = "1Gi",
+    image: str = "nvcr.io/nvidia/tritonserver:24.08-py3",
+    ready: bool = False,
+    **state: Any,
+) -> dict[str, Any]:
+    """A Triton pod as the API server returns it; `state` gives the triton container's state and lastState."""
+    resources = {"limits": {"memory": memory_limit}} if memory_limit else {}
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "initContainers": [{"name": "layout-model", "resources": {"limits": {"memory": "64Mi"}}}],
+            "containers": [{"name": "triton", "image": image, "resources": resources}],
+        },
+        "status": {
+            "initContainerStatuses": [
+                {
+                    "name": "layout-model",
+                    "image": image,
+                    "ready": True,
+                    "state": {"terminated": {"reason": "Completed", "exitCode": 0}},
+                }
+            ],
+            "containerStatuses": [
+                {
+                    "name": "triton",
+                    "image": image,
+                    "ready": ready,
+                    "state": state.get("state", {"running": {}}),
+                    "lastState": state.get("last_state", {}),
+                }
+            ],
+        },
+    }
+
+
+OOM = {"terminated": {"reason": "OOMKilled", "exitCode": 137}}
+CRASH = {"terminated": {"reason": "Error", "exitCode": 1, "message": "failed to load 'conv_net': bad config"}}
+BACK_OFF = {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}}
+
+
+def healthy(pods: list[dict[str, Any]], memory_bytes: int = 800 * MI) -> Any:
+    return pods_condition([pod_facts(p) for p in pods], MemoryStatus(required_bytes=memory_bytes))
+
+
+class TestPodsHealthy:
+    """PodsHealthy: why the pods fail, with the fix, derived from what the kubelet reports."""
+
+    def test_running_and_starting_pods_are_healthy(self) -> None:
+        found = healthy([pod(ready=True), pod("conv-net-abc-2", state={"waiting": {"reason": "ContainerCreating"}})])
+        assert (found.status, found.reason) == ("True", "NoFailures")
+
+    def test_oom_kill_below_the_estimate_names_the_size_that_fits(self) -> None:
+        found = healthy([pod(memory_limit="512Mi", last_state=OOM, state=BACK_OFF)], memory_bytes=800 * MI)
+        assert (found.status, found.reason) == ("False", "OOMKilled")
+        assert "container triton of pod conv-net-abc-1 was OOM-killed at its memory limit of 512Mi" in found.message
+        # 800Mi x 1.25 = 1000Mi: the size export would have written
+        assert "estimates 800Mi with the queue full: set resources.limits.memory to 1000Mi" in found.message
+
+    def test_oom_kill_above_the_estimate_says_by_how_much_it_was_exceeded(self) -> None:
+        found = healthy([pod(memory_limit="1Gi", ready=True, last_state=OOM)], memory_bytes=800 * MI)
+        assert found.reason == "OOMKilled"  # even restarted and ready: the same load kills it again
+        assert "above the memory model's estimate of 800Mi" in found.message
+        assert "needed at least 224Mi (28%) more than estimated" in found.message
+        assert "raise runtime.memoryOverhead by at least that" in found.message
+        assert "set resources.limits.memory to 1280Mi" in found.message
+
+    def test_crash_loop_gives_the_last_termination(self) -> None:
+        found = healthy([pod(state=BACK_OFF, last_state=CRASH)])
+        assert (found.status, found.reason) == ("False", "CrashLoopBackOff")
+        assert "it last exited with code 1 (Error): failed to load 'conv_net': bad config" in found.message
+
+    def test_a_crash_loop_between_back_offs_says_the_same(self) -> None:
+        """Restarted and not ready yet: the same condition, so no new Event on every restart."""
+        waiting = healthy([pod(state=BACK_OFF, last_state=CRASH)])
+        restarted = healthy([pod(state={"running": {}}, last_state=CRASH)])
+        assert (restarted.reason, restarted.message) == (waiting.reason, waiting.message)
+        recovered = healthy([pod(ready=True, state={"running": {}}, last_state=CRASH)])
+        assert recovered.reason == "NoFailures"
+
+    @pytest.mark.parametrize("reason", ["ErrImagePull", "ImagePullBackOff"])
+    def test_unpullable_image_names_it_and_what_to_check(self, reason: str) -> None:
+        found = healthy([pod(image="registry.example/triton:nope", state={"waiting": {"reason": reason}})])
+        assert (found.status, found.reason) == ("False", "ImagePullFailed")  # one reason: the kubelet alternates
+        assert 'cannot pull image "registry.example/triton:nope"' in found.message
+        for check in ("image name", "registry is reachable", "imagePullSecrets"):
+            assert check in found.message
+
+    def test_the_first_failing_pod_by_name_and_a_count_of_the_others(self) -> None:
+        found = healthy(
+            [pod("b", last_state=OOM, memory_limit="512Mi"), pod("a", last_state=OOM, memory_limit="512Mi")]
+        )
+        assert "of pod a was OOM-killed" in found.message
+        assert found.message.endswith("(1 more container(s) likewise)")
+
+    def test_an_image_pull_comes_before_a_crash(self) -> None:
+        found = healthy(
+            [pod("a", state=BACK_OFF, last_state=CRASH), pod("b", state={"waiting": {"reason": "ErrImagePull"}})]
+        )
+        assert found.reason == "ImagePullFailed"
+
+
+def stuck(deadline: int = 600) -> dict[str, Any]:
+    stuck = deployment(ready=0, available="False")
+    stuck["spec"]["progressDeadlineSeconds"] = deadline
+    stuck["status"]["conditions"][0] = {
+        "type": "Progressing",
+        "status": "False",
+        "reason": "ProgressDeadlineExceeded",
+        "message": 'ReplicaSet "conv-net-7f9" has timed out progressing.',
+    }
+    return stuck
+
+
+class TestAdvice:
+    """Progressing and PodsHealthy in the status, and the Warning each change gets once."""
+
+    def test_a_stuck_rollout_says_what_to_check(self) -> None:
+        status = deployed_status(make_service(), stuck(), 1, Status())
+        progress = status.condition("Progressing")
+        assert progress is not None
+        assert (progress.status, progress.reason) == ("False", "ProgressDeadlineExceeded")
+        assert "no progress for 600s" in progress.message
+        assert 'ReplicaSet "conv-net-7f9" has timed out progressing' in progress.message
+        assert "timeouts.startupSeconds" in progress.message and "Pending" in progress.message
+
+    def test_the_deployment_asks_for_a_deadline_from_the_startup_budget(self) -> None:
+        deployed = build_deployment(make_service(timeouts={"startupSeconds": 900}))
+        assert deployed["spec"]["progressDeadlineSeconds"] == 1200
+        assert build_deployment(make_service())["spec"]["progressDeadlineSeconds"] == 600  # Kubernetes' default
+
+    def test_each_failure_is_new_advice_once(self) -> None:
+        oom = [pod_facts(pod(memory_limit="512Mi", last_state=OOM))]
+        first = deployed_status(make_service(), stuck(), 1, Status(), oom)
+        assert {(c.type, c.reason) for c in new_advice(Status(), first)} == {
+            ("Progressing", "ProgressDeadlineExceeded"),
+            ("PodsHealthy", "OOMKilled"),
+        }
+        again = deployed_status(make_service(), stuck(), 1, read_status(written(first)), oom)
+        assert new_advice(read_status(written(first)), again) == []
+        assert status_patch(written(first), again) == {}  # a resync writes nothing either
+
+    def test_recovered_pods_clear_the_condition(self) -> None:
+        failing = deployed_status(make_service(), deployment(), 1, Status(), [pod_facts(pod(state=BACK_OFF))])
+        assert failing.condition("PodsHealthy").reason == "CrashLoopBackOff"  # type: ignore[union-attr]
+        recovered = follow_pods(failing, [pod_facts(pod(ready=True))], failing)
+        assert recovered.condition("PodsHealthy").status == "True"  # type: ignore[union-attr]
+        assert follow_pods(failing, [], failing).condition("PodsHealthy").status == "True"  # type: ignore[union-attr]
+
+    def test_a_refused_child_keeps_what_the_pods_said(self) -> None:
+        failing = deployed_status(make_service(), deployment(), 1, Status(), [pod_facts(pod(state=BACK_OFF))])
+        refused = children_failed_status(make_service(), QUOTA, 2, failing)
+        assert refused.condition("PodsHealthy") == failing.condition("PodsHealthy")

@@ -42,6 +42,11 @@ class TestParseQuantity:
         assert repr(value) in message
         assert "4Gi" in message  # an example of what is accepted
 
+    @pytest.mark.parametrize("value", ["1e400", "-1e400", "9Ei", "1e19"])
+    def test_an_amount_beyond_what_kubernetes_holds_is_refused_not_infinite(self, value: str) -> None:
+        with pytest.raises(ValueError, match=rf"resources.limits.cpu: '{value}' is too large"):
+            parse_quantity(value, "resources.limits.cpu")
+
 
 class TestFormatBytes:
     @pytest.mark.parametrize(

@@ -14,11 +14,9 @@ from typing import Any
 import yaml
 
 from inferop.quantity import format_bytes
-from inferop_operator.plan import plan_service
+from inferop_operator.plan import MEMORY_MARGIN, plan_service
 from inferop_operator.spec import GROUP, KIND, VERSION, InferenceServiceSpec, parse_spec
 
-# The memory limit written is the estimated peak plus this share: the estimate's stated accuracy.
-MEMORY_MARGIN = 1.25
 # The sections a manifest spells out in full; the others (runtime, autoscaling, gpu) only where set.
 SPELLED_OUT = {"model", "replicas", "instances", "threads", "batching", "timeouts"}
 

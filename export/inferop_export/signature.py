@@ -15,7 +15,7 @@ import onnx
 from onnx import helper
 
 from inferop.errors import InferopError
-from inferop.tritonconfig import DYNAMIC_DIM, Datatype, TensorSpec
+from inferop.tritonconfig import DYNAMIC_DIM, TENSOR_NAME_PATTERN, Datatype, TensorSpec
 
 # ONNX element types Triton serves, by Triton's name (TensorProto.FLOAT -> "FP32", ...).
 ONNX_DATATYPES: dict[int, Datatype] = {
@@ -116,6 +116,15 @@ def _dims(value: onnx.ValueInfoProto) -> list[int | None]:
     return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor.shape.dim]
 
 
+def _named(value: onnx.ValueInfoProto) -> str:
+    if not re.fullmatch(TENSOR_NAME_PATTERN, value.name):
+        raise SignatureError(
+            f"tensor {value.name!r}: not a name Triton's config can carry (letters, digits, '_', '.', ':', '/', '-', "
+            "not starting with a digit); rename it when exporting the model"
+        )
+    return value.name
+
+
 def _datatype(value: onnx.ValueInfoProto) -> Datatype:
     elem = value.type.tensor_type.elem_type
     if elem not in ONNX_DATATYPES:
@@ -127,6 +136,7 @@ def _datatype(value: onnx.ValueInfoProto) -> Datatype:
 
 
 def _input(value: onnx.ValueInfoProto, dims: list[int | None], batched: bool, flag: InputFlag | None) -> TensorSpec:
+    _named(value)
     served = dims[1:] if batched else dims
     where = "besides the batch axis " if batched else ""
     if not served:
@@ -159,6 +169,7 @@ def _input(value: onnx.ValueInfoProto, dims: list[int | None], batched: bool, fl
 
 
 def _output(value: onnx.ValueInfoProto, dims: list[int | None], batched: bool) -> TensorSpec:
+    _named(value)
     if batched and (not dims or dims[0] is not None):
         raise SignatureError(
             f"output {value.name!r} (shape {_show(dims)}) has no open first dim although the inputs batch: "

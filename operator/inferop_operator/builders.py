@@ -26,8 +26,12 @@ OCI_MODEL_DIR = "/model"  # where a model image (oci://) holds the model directo
 TRITON_UID = 1000  # the triton-server user of NVIDIA's images
 STARTUP_PROBE_PERIOD = 5
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
-# Header that unlocks Triton's model-repository and shared-memory APIs; callers of the Service lack it.
+# Header that would unlock Triton's model-repository and shared-memory APIs. Its value is random, drawn by the
+# container's shell at each start (`start_script`) and held only in tritonserver's argv: no object, env var, log or
+# field of the InferenceService carries it, so nobody (the operator included, which never calls those APIs) has it.
 ADMIN_HEADER = "inferop-admin"
+RESTRICTED_APIS = "model-repository,shared-memory"
+TOKEN_BYTES = 16  # 128 random bits, 32 hex digits
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
@@ -49,10 +53,6 @@ class Service:
     @property
     def config_hash(self) -> str:
         return hashlib.sha256(self.config_text.encode()).hexdigest()[:16]
-
-    @property
-    def admin_token(self) -> str:
-        return hashlib.sha256(f"{GROUP}/{self.uid}".encode()).hexdigest()[:32]
 
     @property
     def config_map_name(self) -> str:
@@ -119,8 +119,8 @@ def build_service(service: Service) -> dict[str, Any]:
 
 
 def triton_args(service: Service) -> list[str]:
-    """tritonserver's command line: one fixed model, no repository API for callers, every wait bounded."""
-    restricted = f"model-repository,shared-memory:{ADMIN_HEADER}={service.admin_token}"
+    """tritonserver's command line: one fixed model, every wait bounded. The flags that close the repository
+    and shared-memory APIs are added by `start_script`, which alone knows the token."""
     args = [
         f"--model-repository={MODEL_REPOSITORY}",
         "--model-control-mode=none",
@@ -133,12 +133,33 @@ def triton_args(service: Service) -> list[str]:
         f"--allow-gpu-metrics={'true' if service.spec.uses_gpu else 'false'}",
         # In-flight requests get as long as a queued one may wait before shutdown cuts them off.
         f"--exit-timeout-secs={math.ceil(service.spec.timeouts.request_seconds) + 5}",
-        f"--http-restricted-api={restricted}",
-        f"--grpc-restricted-protocol={restricted}",
     ]
     if not service.spec.uses_gpu:
         args.append("--pinned-memory-pool-byte-size=0")
     return args
+
+
+def start_script(service: Service) -> str:
+    """The Triton container's `sh -c` script: draw a random admin token from /dev/urandom (POSIX sh and
+    coreutils only: head, od, tr), then exec tritonserver, behind the scheduling policy's prefix, with the
+    container's args (`"$@"`) and the restricted-API flags that take the token. The token exists only in this
+    process's argv; a restart draws a new one."""
+    tritonserver = shlex.join([*scheduling.command_prefix(service.spec.runtime.cpu_scheduling), "tritonserver"])
+    restricted = f"{RESTRICTED_APIS}:{ADMIN_HEADER}=$token"
+    return "\n".join(
+        [
+            "set -eu",
+            f"token=$(head -c {TOKEN_BYTES} /dev/urandom | od -An -tx1 | tr -d ' \\n')",
+            f"[ ${{#token}} -eq {2 * TOKEN_BYTES} ] ||",
+            '  { echo "no random admin token from /dev/urandom" >&2; exit 1; }',
+            f'exec {tritonserver} "$@" --http-restricted-api="{restricted}" --grpc-restricted-protocol="{restricted}"',
+        ]
+    )
+
+
+def triton_command(service: Service) -> list[str]:
+    """The container's command; its args (`triton_args`) follow as the script's "$@" ($0 is "tritonserver")."""
+    return ["sh", "-c", start_script(service), "tritonserver"]
 
 
 def thread_env(service: Service) -> list[dict[str, str]]:
@@ -225,6 +246,13 @@ def init_containers(service: Service, source_mount: dict[str, Any]) -> list[dict
     return containers
 
 
+def progress_deadline_seconds(service: Service) -> int:
+    """The Deployment's progressDeadlineSeconds, after which a rollout counts as stuck (ProgressDeadlineExceeded):
+    the startup budget (the model's load) and 5 minutes for scheduling, pulling the image and the init containers;
+    Kubernetes' own default (600) at the default startup budget."""
+    return service.spec.timeouts.startup_seconds + 300
+
+
 def build_deployment(service: Service) -> dict[str, Any]:
     spec = service.spec
     volume, source_mount = source_volume(service)
@@ -232,7 +260,7 @@ def build_deployment(service: Service) -> dict[str, Any]:
     container = {
         "name": "triton",
         "image": service.image,
-        "command": [*scheduling.command_prefix(spec.runtime.cpu_scheduling), "tritonserver"],
+        "command": triton_command(service),
         "args": triton_args(service),
         "env": thread_env(service),
         "ports": [
@@ -269,6 +297,7 @@ def build_deployment(service: Service) -> dict[str, Any]:
     }
     deployment_spec: dict[str, Any] = {
         "revisionHistoryLimit": 3,
+        "progressDeadlineSeconds": progress_deadline_seconds(service),
         "selector": {"matchLabels": selector_labels(service)},
         "template": {
             "metadata": {
@@ -363,6 +392,36 @@ def build_pdb(service: Service, api_version: str) -> dict[str, Any]:
     }
 
 
+# The label every namespace carries with its own name (set by Kubernetes from 1.21).
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def build_network_policy(service: Service) -> dict[str, Any]:
+    """A NetworkPolicy on the Triton pods: http and grpc from anywhere (the Service's callers), metrics only from
+    pods in `networkPolicy.metricsNamespace` (none when unset), nothing else; egress is left alone (Triton makes no
+    calls, and a policy on it would also cut DNS). The CNI enforces it; without one that does, it is inert."""
+    policy = service.spec.network_policy
+    inference = {"ports": [{"protocol": "TCP", "port": HTTP_PORT}, {"protocol": "TCP", "port": GRPC_PORT}]}
+    ingress: list[dict[str, Any]] = [inference]
+    if policy.metrics_namespace:
+        ingress.append(
+            {
+                "from": [{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: policy.metrics_namespace}}}],
+                "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(service, service.name),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(service)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
 @dataclass(frozen=True)
 class Child:
     """One kind of object an InferenceService owns, declared once: its API identity, how it is named and built,
@@ -421,6 +480,16 @@ CHILDREN = (
         build_pdb,
         when=lambda s: (s.spec.autoscaling.max_replicas if s.spec.autoscaling else s.spec.replicas) > 1,
         removal=("DisruptionBudgetRemoved", "at most one pod runs"),
+    ),
+    Child(
+        "NetworkPolicy",
+        "networking.k8s.io",
+        "networkpolicies",
+        ("v1",),
+        lambda s: s.name,
+        lambda s, _: build_network_policy(s),
+        when=lambda s: s.spec.network_policy.enabled,
+        removal=("NetworkPolicyRemoved", "networkPolicy.enabled unset"),
     ),
     Child("Deployment", "apps", "deployments", ("v1",), lambda s: s.name, lambda s, _: build_deployment(s)),
 )

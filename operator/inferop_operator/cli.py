@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 # After SIGTERM (or Ctrl-C) kopf stops gracefully, but it waits for every handler thread to return, and a
@@ -19,6 +21,16 @@ from typing import Any
 STOP_SECONDS = 4.0
 STOP_BOUND_SECONDS = 5.0
 
+# glibc's mallopt parameters (malloc.h) and what the operator sets them to.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+MALLOC_ARENAS = 2
+LARGE_BUFFER_BYTES = 128 * 1024
+TRIM_PERIOD_SECONDS = 30.0
+MALLOC_OPTIONS = [
+    (M_ARENA_MAX, MALLOC_ARENAS),
+    (M_MMAP_THRESHOLD, LARGE_BUFFER_BYTES),
+    (M_TRIM_THRESHOLD, LARGE_BUFFER_BYTES),
+]
 log = logging.getLogger("inferop.operator")
 
 
@@ -33,10 +45,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="debug logging")
 
 
+def hold_memory_down(period: float = TRIM_PERIOD_SECONDS) -> bool:
+    """Keep glibc's allocator from holding on to what the operator has freed. By default each thread that
+    allocates may get its own arena (up to 8 per CPU), large transient buffers (a watch's JSON, an apply's answer)
+    stay in the heap, and the heap is trimmed only at its top: with 1,000 services the operator's resident memory
+    reached 475 MB while its live Python objects grew by a tenth of that. So: at most MALLOC_ARENAS arenas, buffers
+    above 128 KiB mapped and unmapped on their own, and a trim of every arena each `period` seconds. False where
+    the C library is not glibc (nothing to tune)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        tuned = all(libc.mallopt(option, value) for option, value in MALLOC_OPTIONS)
+    except (OSError, AttributeError):
+        return False
+
+    def trim() -> None:
+        while True:
+            time.sleep(period)
+            libc.malloc_trim(0)
+
+    threading.Thread(target=trim, name="malloc-trim", daemon=True).start()
+    return tuned
+
+
 def run(args: argparse.Namespace) -> int:
     import kopf
 
     from inferop_operator import handlers
+
+    hold_memory_down()  # before any handler thread exists
 
     log_format = (
         kopf.LogFormat.JSON if (args.log_format or handlers.SETTINGS.log_format) == "json" else kopf.LogFormat.PLAIN

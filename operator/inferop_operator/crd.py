@@ -38,7 +38,10 @@ def structural(schema: dict[str, Any], definitions: dict[str, Any]) -> dict[str,
             rest = {
                 k: v for k, v in schema.items() if k not in ("anyOf", "default") or (k == "default" and v is not None)
             }
-            return structural({**present[0], **rest}, definitions)
+            optional = structural({**present[0], **rest}, definitions)
+            if schema.get("default", ...) is None:
+                optional.pop("default", None)  # unset stays unset: the apiserver must not fill in an empty section
+            return optional
     node: dict[str, Any] = {}
     for key, value in schema.items():
         if key not in KEPT or (key == "additionalProperties" and value is False):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from inferop.errors import InferopError
@@ -22,8 +23,11 @@ from inferop_operator.status import (
     deployed_status,
     failure_message,
     follow_deployment,
+    follow_pods,
     invalid_status,
+    new_advice,
     new_warnings,
+    pod_facts,
     read_status,
     refused_status,
     same_condition,
@@ -33,7 +37,16 @@ from inferop_operator.status import (
 SETTINGS = OperatorSettings()
 log = logging.getLogger(__name__)
 MANAGED = {"app.kubernetes.io/managed-by": "inferop"}
+# The Triton pods of every service (builders.selector_labels less the instance, which names the service).
+PREDICTOR = {**MANAGED, "app.kubernetes.io/component": "predictor"}
+INSTANCE = "app.kubernetes.io/instance"
+# Seconds before a reconcile that could not reach the API server is tried again.
+UNREACHABLE_RETRY = 2.0
 _api: KubeApi | None = None
+# Advice conditions posted, by service uid and condition type: (reason, message). Three handlers (the service's,
+# the Deployment's and the pods') derive them, and two may see the same change before either's status write is
+# back in what the other reads; this keeps their Warning to one. The written status does the same across restarts.
+_advised: dict[tuple[str, str], tuple[str, str]] = {}
 
 
 def api() -> KubeApi:
@@ -57,6 +70,18 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Sync handlers run in threads; 100 services applied at once must converge in seconds.
     settings.execution.max_workers = 32
     settings.queueing.error_delays = [1, 2, 5, 10, 30]
+    # kopf retries a failed API request (a watch among them) after 1, 1, 2, 3, 5, 8, 13 and 21 s, then gives up:
+    # after an apiserver outage of 20 s its watches came back 13 s late. Capped at 5 s (for 5 minutes), they are
+    # back within 5 s of the apiserver (measured by `make drills`: the control-plane restart drill).
+    settings.networking.error_backoffs = [1, 1, 2, 3, *[5] * 60]
+    # The API server sends only our Deployments and Triton pods: the handlers' label filters alone would have every
+    # pod and Deployment of the cluster streamed to the operator and remembered by kopf.
+    settings.watching.label_selectors["apps", "v1", "deployments"] = selector(MANAGED)
+    settings.watching.label_selectors["", "v1", "pods"] = selector(PREDICTOR)
+
+
+def selector(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
 
 
 @kopf.on.login()
@@ -75,12 +100,33 @@ def reconcile(
     status: Any,
     body: Any,
     retry: int = 0,
-) -> Status:
-    """Apply the children for a valid, safe spec and return the status; raise PermanentError for a spec that
-    cannot run, TemporaryError (with a backoff over `retry`) for a child the API server refused for now.
+    pods: Iterable[Mapping[str, Any]] = (),
+    delete_unwanted: bool = True,
+) -> tuple[Status, bool]:
+    """Apply the children for a valid, safe spec and return the status and whether it changed; raise PermanentError
+    for a spec that cannot run, TemporaryError (with a backoff over `retry`) for a child the API server refused for
+    now, or when the API server cannot be reached (2 s: it is back within seconds or not at all).
 
     A Warning event is posted only for what the status written last did not already say, so resyncs and restarts
-    repeat none."""
+    repeat none. `delete_unwanted` False (a resync) only applies: children are deleted when the spec changes."""
+    try:
+        return _reconcile(name, namespace, uid, raw_spec, generation, status, body, retry, pods, delete_unwanted)
+    except (urllib3.exceptions.HTTPError, OSError) as error:
+        raise kopf.TemporaryError(f"the API server cannot be reached: {error}", delay=UNREACHABLE_RETRY) from None
+
+
+def _reconcile(
+    name: str,
+    namespace: str,
+    uid: str,
+    raw_spec: Any,
+    generation: int | None,
+    status: Any,
+    body: Any,
+    retry: int,
+    pods: Iterable[Mapping[str, Any]],
+    delete_unwanted: bool,
+) -> tuple[Status, bool]:
     current = dict(status or {})
     previous = read_status(current)
     try:
@@ -102,7 +148,7 @@ def reconcile(
 
     service = Service(name=name, namespace=namespace, uid=uid, spec=spec, plan=plan, image=image_for(spec))
     try:
-        deployment = apply_children(service, body)
+        deployment = apply_children(service, body, delete_unwanted)
     except ChildFailed as failed:
         failure = failed.failure
         new_status = children_failed_status(service, failure, generation, previous)
@@ -117,16 +163,30 @@ def reconcile(
         if failure.permanent:
             raise kopf.PermanentError(failure.explain()) from failed.__cause__
         raise kopf.TemporaryError(failure.explain(), delay=failure.delay(retry)) from failed.__cause__
-    new_status = deployed_status(service, deployment, generation, previous)
+    new_status = deployed_status(service, deployment, generation, previous, pods)
     warn_new(body, previous, new_status)
-    patch_status(namespace, name, current, new_status)
-    return new_status
+    advise(body, uid, previous, new_status)
+    return new_status, patch_status(namespace, name, current, new_status)
 
 
 def warn_new(body: Any, previous: Status, new: Status) -> None:
     """A Warning event for each of the plan's warnings that the status written last did not carry."""
     for warning in new_warnings(previous, new):
         kopf.warn(body, reason="Warning", message=warning)
+
+
+def advise(body: Any, uid: str, previous: Status, new: Status) -> None:
+    """A Warning event for each advice condition (a stuck rollout, failing pods) that fails with something new;
+    one per change, not one per resync."""
+    for kind in ("Progressing", "PodsHealthy"):
+        found = new.condition(kind)
+        if found is not None and found.status != "False":
+            _advised.pop((uid, kind), None)
+    for advice in new_advice(previous, new):
+        said = (advice.reason, advice.message)
+        if _advised.get((uid, advice.type)) != said:
+            _advised[(uid, advice.type)] = said
+            kopf.warn(body, reason=advice.reason, message=advice.message)
 
 
 class ChildFailed(InferopError):
@@ -137,13 +197,15 @@ class ChildFailed(InferopError):
         self.failure = failure
 
 
-def apply_children(service: Service, body: Any) -> dict[str, Any]:
+def apply_children(service: Service, body: Any, delete_unwanted: bool = True) -> dict[str, Any]:
     """Apply every child the spec wants and delete those it no longer wants; return the applied Deployment."""
     kube = api()
     applied: dict[str, dict[str, Any]] = {}
     for child in CHILDREN:
         name = child.name(service)
         action = "apply" if child.wanted(service) else "delete"
+        if action == "delete" and not delete_unwanted:
+            continue
         try:
             version = kube.served_version(child)
             if action == "apply":
@@ -160,21 +222,41 @@ def image_for(spec: InferenceServiceSpec) -> str:
     return spec.runtime.image or SETTINGS.triton_image
 
 
-def patch_status(namespace: str, name: str, current: Mapping[str, Any], new: Status) -> None:
-    """Patch only what changed: a resync of a converged service costs no write."""
+def patch_status(namespace: str, name: str, current: Mapping[str, Any], new: Status) -> bool:
+    """Patch only what changed: a resync of a converged service costs no write. True when something was written;
+    a service deleted meanwhile (404) has no status to write."""
     patch = status_patch(current, new)
-    if patch:
+    if not patch:
+        return False
+    try:
         api().patch_service_status(namespace, name, patch)
+    except ApiException as error:
+        if error.status != 404:
+            raise
+        log.info("status of %s/%s not written: the service is gone", namespace, name)
+        return False
+    return True
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 def on_change(
-    name: str, namespace: str | None, uid: str, spec: Any, meta: Any, status: Any, body: Any, retry: int, **_: Any
+    name: str,
+    namespace: str | None,
+    uid: str,
+    spec: Any,
+    meta: Any,
+    status: Any,
+    body: Any,
+    retry: int,
+    **indices: Any,
 ) -> None:
     assert namespace is not None, "InferenceServices are namespaced"
-    result = reconcile(name, namespace, uid, spec, meta.get("generation"), status, body, retry)
+    found = service_pods(indices, namespace, name)
+    result, changed = reconcile(name, namespace, uid, spec, meta.get("generation"), status, body, retry, found)
+    if not changed:
+        return  # a restart that resumes a converged service has nothing to say
     threads = result.threads
     assert threads is not None, "a reconciled status carries the thread plan"
     kopf.info(
@@ -189,14 +271,29 @@ def on_change(
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.resync_seconds, initial_delay=SETTINGS.resync_seconds)
 def resync(
-    name: str, namespace: str | None, uid: str, spec: Any, meta: Any, status: Any, body: Any, retry: int = 0, **_: Any
+    name: str,
+    namespace: str | None,
+    uid: str,
+    spec: Any,
+    meta: Any,
+    status: Any,
+    body: Any,
+    retry: int = 0,
+    **indices: Any,
 ) -> None:
     """Re-apply on a timer so manual edits of children are reverted; a spec that failed for good (Failed: invalid,
     refused, or a child the API server rejects as invalid) stays as reported until it changes."""
     assert namespace is not None, "InferenceServices are namespaced"
     if (status or {}).get("phase") == "Failed" and (status or {}).get("observedGeneration") == meta.get("generation"):
         return
-    reconcile(name, namespace, uid, spec, meta.get("generation"), status, body, retry)
+    found = service_pods(indices, namespace, name)
+    reconcile(name, namespace, uid, spec, meta.get("generation"), status, body, retry, found, delete_unwanted=False)
+
+
+def service_pods(indices: Mapping[str, Any], namespace: str, name: str) -> list[dict[str, Any]]:
+    """The `pod_facts` of a service's pods, from the pods index kopf passes every handler as a keyword argument
+    (which the protocols of kopf's change and timer handlers do not list)."""
+    return list(indices["pods"].get((namespace, name), []))
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
@@ -205,13 +302,31 @@ def services(uid: str, status: Any, **_: Any) -> dict[str, dict[str, Any]]:
     return {uid: copy.deepcopy(dict(status or {}))}
 
 
+@kopf.index(GROUP, VERSION, PLURAL)
+def service_uids(name: str, namespace: str | None, uid: str, **_: Any) -> dict[tuple[str | None, str], str]:
+    """Uids of the services by namespace and name: a pod names its service only by its instance label."""
+    return {(namespace, name): uid}
+
+
+@kopf.index("", "v1", "pods", labels=PREDICTOR)
+def pods(body: Any, namespace: str | None, labels: Any, **_: Any) -> dict[tuple[str | None, str], dict[str, Any]]:
+    """What each service's pods report about their containers (`pod_facts`), by namespace and service name."""
+    return {(namespace, str(labels.get(INSTANCE))): pod_facts(dict(body))}
+
+
 # kopf passes indices as keyword arguments its handler protocols do not list.
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)  # type: ignore[arg-type]
 def deployment_event(
-    body: Any, namespace: str | None, type: str, services: kopf.Index[str, dict[str, Any]], **_: Any
+    body: Any,
+    namespace: str | None,
+    type: str,
+    services: kopf.Index[str, dict[str, Any]],
+    pods: kopf.Index[tuple[str, str], dict[str, Any]],
+    **_: Any,
 ) -> None:
-    """Follow the Deployment's readiness (replicas, readyReplicas, Available, Ready, phase) into the owner's status,
-    on top of what the service handler last wrote: no re-parsing, no re-planning."""
+    """Follow the Deployment's rollout and readiness (replicas, readyReplicas, Progressing, Available, Ready, phase)
+    and the pods' health into the owner's status, on top of what the service handler last wrote: no re-parsing, no
+    re-planning."""
     owner = next((o for o in body.get("metadata", {}).get("ownerReferences", []) if o.get("kind") == KIND), None)
     known = services.get(owner["uid"]) if owner else None
     if owner is None or namespace is None or type == "DELETED" or not known:
@@ -221,4 +336,42 @@ def deployment_event(
     # Not reconciled yet, a spec that cannot run, or a child missing: the service handler reports those.
     if current.phase not in ("Ready", "Progressing"):
         return
-    patch_status(namespace, owner["name"], written, follow_deployment(current, dict(body), current))
+    found: list[dict[str, Any]] = list(pods.get((namespace, owner["name"]), []))
+    new_status = follow_pods(follow_deployment(current, dict(body), current), found, current)
+    advise(service_ref(namespace, owner["name"], owner["uid"]), owner["uid"], current, new_status)
+    patch_status(namespace, owner["name"], written, new_status)
+
+
+@kopf.on.event("", "v1", "pods", labels=PREDICTOR)  # type: ignore[arg-type]
+def pod_event(
+    namespace: str | None,
+    labels: Any,
+    services: kopf.Index[str, dict[str, Any]],
+    service_uids: kopf.Index[tuple[str, str], str],
+    pods: kopf.Index[tuple[str, str], dict[str, Any]],
+    **_: Any,
+) -> None:
+    """Explain the service's failing pods (PodsHealthy, with the fix) from what all of its pods report now, on
+    top of the status last written; a deleted pod is already out of the index, so a replaced pod clears it."""
+    name = str(labels.get(INSTANCE))
+    uid = next(iter(service_uids.get((namespace, name), [])), None) if namespace else None
+    known = services.get(uid) if uid else None
+    if namespace is None or uid is None or not known:
+        return
+    written = next(iter(known))
+    current = read_status(written)
+    if current.phase not in ("Ready", "Progressing"):
+        return
+    found: list[dict[str, Any]] = list(pods.get((namespace, name), []))
+    new_status = follow_pods(current, found, current)
+    advise(service_ref(namespace, name, uid), uid, current, new_status)
+    patch_status(namespace, name, written, new_status)
+
+
+def service_ref(namespace: str, name: str, uid: str) -> dict[str, Any]:
+    """What kopf needs of an InferenceService to post an Event about it."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+    }

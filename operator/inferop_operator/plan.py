@@ -26,6 +26,10 @@ from inferop.threads import OversubscribedError, ThreadPlan, check_budget, plan_
 from inferop.tritonconfig import ServingConfig
 from inferop_operator.spec import InferenceServiceSpec
 
+# A memory limit sized from the peak estimate gets this share on top, the estimate's stated accuracy: export writes
+# manifests with it, and the OOMKilled advice suggests limits with it.
+MEMORY_MARGIN = 1.25
+
 
 class Refusal(InferopError):
     """The spec is valid but must not run; `condition` is the status condition that explains why."""

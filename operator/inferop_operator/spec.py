@@ -17,7 +17,7 @@ from inferop.processing import Processing
 from inferop.quantity import QUANTITY_PATTERN, parse_quantity
 from inferop.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
 from inferop.threads import ThreadPlan
-from inferop.tritonconfig import DYNAMIC_DIM, Datatype, ServingConfig, TensorSpec
+from inferop.tritonconfig import DYNAMIC_DIM, TENSOR_NAME_PATTERN, Datatype, ServingConfig, TensorSpec
 
 GROUP = "inferop.dev"
 VERSION = "v1alpha1"
@@ -26,6 +26,14 @@ PLURAL = "inferenceservices"
 SHORT_NAME = "infsvc"
 STORAGE_SCHEMES = ("pvc", "hostpath", "oci")
 GPU_RESOURCE = "nvidia.com/gpu"
+MAX_NAME_LENGTH = 253  # a Kubernetes object name (a DNS subdomain), such as a PersistentVolumeClaim's
+# An image reference as container runtimes parse it: [registry[:port]/]path[:tag][@sha256:digest], the path in
+# lowercase (github.com/distribution/reference).
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_PATTERN = (
+    rf"^(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]+)?/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
 
 # A Kubernetes quantity: an integer or a string such as "500m", "2Gi", "1.5".
 Quantity = Annotated[
@@ -39,9 +47,11 @@ class SpecError(InferopError, ValueError):
 
 
 class Section(BaseModel):
+    # Strict: a JSON true is not the number 1, nor "yes" a boolean; the apiserver's schema says the same.
     model_config = ConfigDict(
         extra="forbid",
         frozen=True,
+        strict=True,
         populate_by_name=True,
         alias_generator=AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel),
     )
@@ -78,7 +88,9 @@ class Profile(Section):
 class Tensor(Section):
     """A model input or output as Triton's config declares it; dims exclude the batch axis."""
 
-    name: str = Field(min_length=1, description="Tensor name in the model.")
+    name: str = Field(
+        min_length=1, max_length=256, pattern=TENSOR_NAME_PATTERN, description="Tensor name in the model."
+    )
     datatype: Datatype = Field(default="FP32", description="Element type.")
     dims: list[Annotated[int, Field(ge=DYNAMIC_DIM)]] = Field(
         min_length=1,
@@ -114,8 +126,9 @@ class Model(Section):
         pattern=r"^(pvc|hostpath|oci)://.+$",
         description=(
             "Where the model directory (<version>/model.onnx, label files) is stored: pvc://claim/path, "
-            "hostpath:///absolute/path (single-node clusters such as kind), or oci://image (a model image "
-            "holding the model directory at /model). It is mounted read-only; nothing is written to it."
+            "hostpath:///absolute/path (single-node development clusters such as kind; a hostPath volume, which "
+            "the Pod Security Standards baseline and restricted forbid), or oci://image (a model image holding the "
+            "model directory at /model). It is mounted read-only; nothing is written to it."
         ),
     )
     profile: Profile = Field(description="Cost of the model as reported by inferop export.")
@@ -157,7 +170,7 @@ class Model(Section):
             raise ValueError(f"tensor names must be distinct across inputs and outputs; repeated: {repeated}")
         dynamic = [t.name for t in self.inputs if DYNAMIC_DIM in t.dims]
         if dynamic:
-            raise ValueError(f"inputs {dynamic}: every input dim must be fixed (-1 is for outputs only)")
+            raise ValueError(f"inputs {dynamic}: every input's dims must be fixed (-1 is for outputs only)")
         return self
 
     @model_validator(mode="after")
@@ -165,6 +178,8 @@ class Model(Section):
         scheme, _, rest = self.storage_uri.partition("://")
         if scheme == "pvc" and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?", rest):
             raise ValueError(f"storageUri {self.storage_uri!r}: expected pvc://<claim-name>[/path]")
+        if scheme == "pvc" and len(rest.partition("/")[0]) > MAX_NAME_LENGTH:
+            raise ValueError(f"storageUri: the claim name has more than {MAX_NAME_LENGTH} characters")
         if scheme == "hostpath" and not rest.startswith("/"):
             raise ValueError(f"storageUri {self.storage_uri!r}: expected hostpath:///absolute/path")
         return self
@@ -173,7 +188,12 @@ class Model(Section):
 class Runtime(Section):
     """The serving container."""
 
-    image: str | None = Field(default=None, description="Triton image; default from the operator's settings.")
+    image: str | None = Field(
+        default=None,
+        max_length=512,
+        pattern=IMAGE_PATTERN,
+        description="Triton image (registry/repository[:tag][@sha256:digest]); default from the operator's settings.",
+    )
     memory_overhead: Quantity | None = Field(
         default=None,
         description=(
@@ -296,6 +316,23 @@ class Autoscaling(Section):
         return self
 
 
+class NetworkPolicy(Section):
+    """A NetworkPolicy on the Triton pods: inference (http 8000, grpc 8001) open to any caller, metrics (8002)
+    only to pods of one namespace (a Prometheus's), every other port and ingress closed."""
+
+    enabled: bool = Field(default=False, description="Render the NetworkPolicy (the cluster's CNI must enforce it).")
+    metrics_namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description=(
+            "Namespace whose pods may scrape Triton's metrics port, e.g. monitoring (matched by its "
+            "kubernetes.io/metadata.name label, Kubernetes 1.21+ sets it); unset: nobody may."
+        ),
+    )
+
+
 class Gpu(Section):
     """GPU facts the memory-fit check needs."""
 
@@ -322,6 +359,9 @@ class InferenceServiceSpec(Serving):
     resources: Resources = Field(default_factory=Resources, description="Triton container resources.")
     autoscaling: Autoscaling | None = Field(default=None, description="Scale on load with an HPA.")
     gpu: Gpu | None = Field(default=None, description="GPU memory for the memory-fit check.")
+    network_policy: NetworkPolicy = Field(
+        default_factory=NetworkPolicy, description="Who may reach the Triton pods' ports (a NetworkPolicy)."
+    )
 
     @property
     def uses_gpu(self) -> bool:

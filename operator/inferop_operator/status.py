@@ -8,19 +8,24 @@ patch what these return.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import ConfigDict, Field, ValidationError
 
+from inferop.quantity import format_bytes, parse_quantity
 from inferop_operator.builders import CHILDREN, Service, selector_labels
+from inferop_operator.plan import MEMORY_MARGIN
 from inferop_operator.spec import Section
 
 if TYPE_CHECKING:  # the status stays free of the Kubernetes client; it only reads a failure's fields
     from inferop_operator.kubeapi import ApiFailure
 
-ConditionType = Literal["Valid", "ThreadBudget", "MemoryFit", "ChildrenApplied", "Available", "Ready"]
+ConditionType = Literal[
+    "Valid", "ThreadBudget", "MemoryFit", "ChildrenApplied", "Progressing", "PodsHealthy", "Available", "Ready"
+]
 CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)
 Phase = Literal["Ready", "Progressing", "Pending", "Failed"]
 
@@ -87,7 +92,10 @@ class Status(Reported):
     observed_generation: int | None = Field(default=None, description="The spec generation this status is about.")
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Valid, ThreadBudget, MemoryFit, ChildrenApplied, Available and Ready, in this order.",
+        description=(
+            "Valid, ThreadBudget, MemoryFit, ChildrenApplied, Progressing (the rollout), PodsHealthy (why pods fail, "
+            "with the fix), Available and Ready, in this order."
+        ),
     )
     url: str | None = Field(default=None, description="Where the Service serves Triton's HTTP API.")
     replicas: int | None = Field(default=None, description="Pods of the Deployment (the scale subresource's count).")
@@ -135,9 +143,9 @@ def now() -> str:
 
 
 def condition(kind: str, ok: bool | None, reason: str, message: str) -> Condition:
-    return Condition(
-        type=kind, status={True: "True", False: "False", None: "Unknown"}[ok], reason=reason, message=message
-    )
+    """A condition; an unknown `kind` fails validation."""
+    status = {True: "True", False: "False", None: "Unknown"}[ok]
+    return Condition.model_validate({"type": kind, "status": status, "reason": reason, "message": message})
 
 
 def merge_conditions(previous: list[Condition], current: list[Condition]) -> list[Condition]:
@@ -214,9 +222,14 @@ def new_warnings(previous: Status, current: Status) -> list[str]:
 
 
 def deployed_status(
-    service: Service, deployment: dict[str, Any] | None, generation: int | None, previous: Status
+    service: Service,
+    deployment: dict[str, Any] | None,
+    generation: int | None,
+    previous: Status,
+    pods: Iterable[Mapping[str, Any]] = (),
 ) -> Status:
-    """Status of a deployed service, from its plan and the Deployment's own status."""
+    """Status of a deployed service, from its plan, the Deployment's own status and its pods (`pod_facts` of
+    each)."""
     applied = ", ".join(f"{kind} {name}" for kind, name in children(service))
     planned = plan_status(service).model_copy(
         update={
@@ -228,7 +241,7 @@ def deployed_status(
             ],
         }
     )
-    return follow_deployment(planned, deployment, previous)
+    return follow_pods(follow_deployment(planned, deployment, previous), pods, previous)
 
 
 def follow_deployment(status: Status, deployment: dict[str, Any] | None, previous: Status) -> Status:
@@ -241,6 +254,7 @@ def follow_deployment(status: Status, deployment: dict[str, Any] | None, previou
     current = int(deployment_status.get("replicas") or 0)
     caught_up = (deployment or {}).get("metadata", {}).get("generation") == deployment_status.get("observedGeneration")
     available = find_condition(deployment_status, "Available")
+    progress = progress_condition(deployment)
 
     if deployment is None:
         ready_condition = condition("Ready", False, "DeploymentMissing", "the Deployment does not exist yet")
@@ -261,15 +275,156 @@ def follow_deployment(status: Status, deployment: dict[str, Any] | None, previou
             str(available.get("reason", "Unknown")),
             str(available.get("message", "")),
         )
-    others = [c for c in status.conditions if c.type not in ("Available", "Ready")]
+    others = [c for c in status.conditions if c.type not in ("Progressing", "Available", "Ready")]
     return status.model_copy(
         update={
             "phase": "Ready" if ready_condition.status == "True" else "Progressing",
             "replicas": current,
             "ready_replicas": ready,
-            "conditions": merge_conditions(previous.conditions, [*others, available_condition, ready_condition]),
+            "conditions": merge_conditions(
+                previous.conditions, [*others, progress, available_condition, ready_condition]
+            ),
         }
     )
+
+
+def progress_condition(deployment: Mapping[str, Any] | None) -> Condition:
+    """The rollout as the Deployment reports it (its Progressing condition); a stuck one, with what to check."""
+    found = find_condition((deployment or {}).get("status"), "Progressing")
+    if found is None:
+        return condition("Progressing", None, "NoDeploymentStatus", "the Deployment has reported no rollout yet")
+    reason, message = str(found.get("reason") or "Unknown"), str(found.get("message") or "")
+    if reason != "ProgressDeadlineExceeded":
+        return condition("Progressing", found.get("status") == "True", reason, message)
+    deadline = ((deployment or {}).get("spec") or {}).get("progressDeadlineSeconds")
+    return condition(
+        "Progressing",
+        False,
+        reason,
+        f"the rollout made no progress for {deadline}s (progressDeadlineSeconds, from timeouts.startupSeconds + "
+        f"300): {message.rstrip('.')}. See condition PodsHealthy and `kubectl describe pods` for the pods: Pending "
+        "pods mean no node has the requested CPU, memory or GPU free (lower resources or add nodes); pods that "
+        "start but never become ready need a larger timeouts.startupSeconds if the model loads slowly",
+    )
+
+
+# The kubelet alternates these while it retries a pull: one reason for both, so the condition does not flap.
+IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff"})
+TRITON_CONTAINER = "triton"
+
+
+def pod_facts(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What the pods index keeps of a pod to explain its failures: its name, each container's memory limit, and
+    each container's state, last termination and readiness (init containers first)."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    limits = {c.get("name"): ((c.get("resources") or {}).get("limits") or {}).get("memory") for c in containers}
+    states = []
+    for item in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        state, last = item.get("state") or {}, item.get("lastState") or {}
+        states.append(
+            {
+                "name": item.get("name"),
+                "image": item.get("image"),
+                "ready": bool(item.get("ready")),
+                "memoryLimit": limits.get(item.get("name")),
+                "waiting": state.get("waiting"),
+                "terminated": state.get("terminated"),
+                "lastTerminated": last.get("terminated"),
+            }
+        )
+    return {"name": (pod.get("metadata") or {}).get("name"), "containers": states}
+
+
+def pods_condition(pods: Iterable[Mapping[str, Any]], memory: MemoryStatus | None) -> Condition:
+    """PodsHealthy from the pods' own reports (`pod_facts` of each), as KServe's FailureInfo: the first failure
+    found, in pod name order, with what to do about it. An image that cannot be pulled comes first (nothing else
+    can run), then an OOM kill (its advice is a size), then a crash loop (its advice is the server's last words).
+
+    An OOM kill counts while the kubelet reports it as the container's last termination, even after the container
+    restarted and became ready: the same load kills it again. A pod of a fixed spec replaces it and clears it."""
+    failures: dict[str, list[tuple[str, str]]] = {"ImagePullFailed": [], "OOMKilled": [], "CrashLoopBackOff": []}
+    for pod in sorted(pods, key=lambda p: str(p.get("name"))):
+        for container in pod.get("containers") or []:
+            where = f"container {container.get('name')} of pod {pod.get('name')}"
+            waiting = container.get("waiting") or {}
+            ended = container.get("terminated") or container.get("lastTerminated") or {}
+            if waiting.get("reason") in IMAGE_PULL_REASONS:
+                failures["ImagePullFailed"].append((where, image_advice(where, str(container.get("image")))))
+            elif ended.get("reason") == "OOMKilled":
+                failures["OOMKilled"].append((where, oom_advice(where, container, memory)))
+            elif waiting.get("reason") == "CrashLoopBackOff" or (
+                # between back-offs the kubelet restarts it: still crashing until it is ready again
+                ended and ended.get("exitCode") != 0 and not container.get("ready")
+            ):
+                failures["CrashLoopBackOff"].append((where, crash_advice(where, ended)))
+    for reason, found in failures.items():
+        if found:
+            more = f" ({len(found) - 1} more container(s) likewise)" if len(found) > 1 else ""
+            return condition("PodsHealthy", False, reason, found[0][1] + more)
+    return condition("PodsHealthy", True, "NoFailures", "no pod reports a failed container")
+
+
+def image_advice(where: str, image: str) -> str:
+    return (
+        f'{where} cannot pull image "{image}": check the image name and tag (runtime.image, or oci:// in '
+        "model.storageUri), that the registry is reachable from the nodes, and the pods' imagePullSecrets "
+        "(a private registry needs one in the service account)"
+    )
+
+
+def oom_advice(where: str, container: Mapping[str, Any], memory: MemoryStatus | None) -> str:
+    raw_limit = container.get("memoryLimit")
+    limit = parse_quantity(raw_limit) if raw_limit else None
+    at = f"at its memory limit of {format_bytes(limit)}" if limit else "with no memory limit (the node ran out)"
+    said = f"{where} was OOM-killed {at}"
+    if container.get("name") != TRITON_CONTAINER:  # an init container, whose limit the operator fixes
+        return f"{said}: the operator sets this init container's limit; report the model directory that needs more"
+    if memory is None:
+        return f"{said}: raise resources.limits.memory"
+    estimate = memory.required_bytes
+    fits = f"{math.ceil(estimate * MEMORY_MARGIN / 2**20)}Mi"
+    if limit is None or estimate >= limit:
+        return (
+            f"{said}; the memory model estimates {format_bytes(estimate)} with the queue full: set "
+            f"resources.limits.memory to {fits} (the estimate x {MEMORY_MARGIN}, as inferop export sizes it)"
+        )
+    grown = f"{math.ceil(limit * MEMORY_MARGIN / 2**20)}Mi"
+    return (
+        f"{said}, above the memory model's estimate of {format_bytes(estimate)} with the queue full: the pod "
+        f"needed at least {format_bytes(limit - estimate)} ({(limit - estimate) / estimate:.0%}) more than "
+        f"estimated; raise runtime.memoryOverhead by at least that (the container's baseline is an assumption until "
+        f"measured) or set resources.limits.memory to {grown} (the limit x {MEMORY_MARGIN})"
+    )
+
+
+def crash_advice(where: str, ended: Mapping[str, Any]) -> str:
+    said = f"{where} keeps crashing (CrashLoopBackOff)"
+    if not ended:
+        return f"{said}: `kubectl logs --previous` shows why"
+    words = str(ended.get("message") or "").strip() or "no termination message"
+    return (
+        f"{said}; it last exited with code {ended.get('exitCode')} ({ended.get('reason') or 'no reason'}): "
+        f"{words}. Fix what it says (a model that does not load, a config the image's Triton rejects) or see "
+        "`kubectl logs --previous`"
+    )
+
+
+def follow_pods(status: Status, pods: Iterable[Mapping[str, Any]], previous: Status) -> Status:
+    """`status` with PodsHealthy derived from the pods (`pod_facts` of each); transition times from `previous`."""
+    others = [c for c in status.conditions if c.type != "PodsHealthy"]
+    healthy = pods_condition(pods, status.memory)
+    return status.model_copy(update={"conditions": merge_conditions(previous.conditions, [*others, healthy])})
+
+
+# Conditions that explain failing pods; each is posted as a Warning event when it turns False or says a new thing.
+ADVICE_CONDITIONS: tuple[ConditionType, ...] = ("Progressing", "PodsHealthy")
+
+
+def new_advice(previous: Status, current: Status) -> list[Condition]:
+    """The advice conditions of `current` that fail and say something the status written last did not."""
+    found = [current.condition(kind) for kind in ADVICE_CONDITIONS]
+    return [c for c in found if c is not None and c.status == "False" and not same_condition(c.type, previous, current)]
 
 
 def children(service: Service) -> list[tuple[str, str]]:
@@ -296,8 +451,8 @@ def children_failed_status(service: Service, failure: ApiFailure, generation: in
     changes; any other (500, 403 forbidden by a quota...) is Pending: it is retried with a backoff.
     """
     message = failure_message(failure)
-    # What the Deployment reported last still holds: the failure says nothing about its pods.
-    available = previous.condition("Available")
+    # What the Deployment and the pods reported last still holds: the failure says nothing about them.
+    observed = [c for kind in ("Progressing", "PodsHealthy", "Available") if (c := previous.condition(kind))]
     return plan_status(service).model_copy(
         update={
             "phase": "Failed" if failure.permanent else "Pending",
@@ -307,7 +462,7 @@ def children_failed_status(service: Service, failure: ApiFailure, generation: in
                 [
                     *plan_conditions(service),
                     condition("ChildrenApplied", False, failure.reason, message),
-                    *([available] if available else []),
+                    *observed,
                     condition("Ready", False, "ChildrenNotApplied", f"not every child is applied: {message}"),
                 ],
             ),

@@ -21,6 +21,7 @@ from inferop_operator.builders import CHILDREN
 from inferop_operator.cli import STOP_BOUND_SECONDS
 from inferop_operator.spec import GROUP, PLURAL
 from tests.kube.conftest import REPO, Kubectl, kube_tools_dir, wait_for
+from tests.test_operator_pod_security import restricted_violations
 
 pytestmark = pytest.mark.integration
 
@@ -196,14 +197,44 @@ class TestRender:
         strict = helm.template("--set", "rbac.clusterScanning=false")
         assert ("ClusterRole", "inferop-scanning") not in by_kind(strict)
 
-    def test_no_wildcards_secrets_pods_or_privilege_verbs(self, helm: Helm) -> None:
+    def test_least_privilege_no_wildcards_no_secrets_pods_only_read(self, helm: Helm) -> None:
+        """No Secret is granted because none is needed: Triton's admin token is drawn inside each pod at start
+        (builders.start_script) and never stored; the operator reads nothing else secret."""
+        seen = set()
         for args in RENDERINGS.values():
             for doc in helm.template(*args):
                 for rule in doc.get("rules", []):
                     for field in ("apiGroups", "resources", "verbs"):
                         assert "*" not in rule[field], (doc["metadata"]["name"], rule)
-                    assert not {"secrets", "pods", "pods/exec", "serviceaccounts/token"} & set(rule["resources"])
+                        assert not any("*" in item for item in rule[field]), (doc["metadata"]["name"], rule)
+                    resources = set(rule["resources"])
+                    seen |= resources
+                    assert not {"secrets", "pods/exec", "pods/log", "pods/attach", "serviceaccounts/token"} & resources
                     assert not {"escalate", "bind", "impersonate", "update", "deletecollection"} & set(rule["verbs"])
+                    if "pods" in resources:  # the advice conditions read pods and never change them
+                        assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
+        assert "pods" in seen
+
+    @pytest.mark.parametrize("rendering", ["default", "namespaced"])
+    def test_what_kopf_watches_is_read_only(self, helm: Helm, rendering: str) -> None:
+        """The framework's rules: the Deployments (readiness) and pods (PodsHealthy) the handlers watch are
+        listed and watched, nothing more; the InferenceServices are also patched (kopf's annotations)."""
+        kind = "Role" if rendering == "namespaced" else "ClusterRole"
+        rules = by_kind(helm.template(*RENDERINGS[rendering]))[(kind, "inferop-framework")]["rules"]
+        granted = {
+            (group, resource): set(r["verbs"]) for r in rules for group in r["apiGroups"] for resource in r["resources"]
+        }
+        assert granted == {
+            (GROUP, PLURAL): {"list", "watch", "patch"},
+            ("apps", "deployments"): {"list", "watch"},
+            ("", "pods"): {"list", "watch"},
+            ("", "events"): {"create"},
+        }
+
+    @pytest.mark.parametrize("rendering", list(RENDERINGS))
+    def test_the_operator_pod_meets_the_restricted_pod_security_standard(self, helm: Helm, rendering: str) -> None:
+        deployment = by_kind(helm.template(*RENDERINGS[rendering]))[("Deployment", "inferop")]
+        assert restricted_violations(deployment["spec"]["template"]) == []
 
     @pytest.mark.parametrize("rendering", ["default", "namespaced"])
     def test_each_child_gets_exactly_the_verbs_the_operator_uses(self, helm: Helm, rendering: str) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from inferop.quantity import format_bytes
 from inferop.tritonconfig import parse_model_config
 from inferop_operator.builders import CONFIG_HASH_ANNOTATION
 from tests.kube.conftest import CONV_NET_THREADS, EXAMPLES, RESYNC_SECONDS, Kubectl, OperatorRunner, wait_for
@@ -85,6 +86,10 @@ class TestApplyExamples:
         inception = json.loads(shown.stdout)
         ours = next(f for f in inception["metadata"]["managedFields"] if f["manager"] == "inferop")
         assert "f:replicas" not in json.dumps(ours["fieldsV1"]["f:spec"]), "the replica count is the HPA's"
+        # The inception example asks for a NetworkPolicy; the conv net example does not.
+        policy = wait_for(lambda: kubectl.get("networkpolicy", "inception-v3", namespace), what="NetworkPolicy")
+        assert [rule["ports"][0]["port"] for rule in policy["spec"]["ingress"]] == [8000, 8002]
+        assert kubectl.get("networkpolicy", "conv-net", namespace) is None
 
         status = wait_for(
             lambda: (kubectl.get("infsvc", "conv-net", namespace) or {}).get("status", {}).get("threads"), what="status"
@@ -427,10 +432,15 @@ class TestWarningsOnChange:
         for _ in range(3):
             drift_reverted()
         reconciled = len(_events(kubectl, namespace, "Reconciled"))
+        resumed = len(_handler_runs(caplog, namespace, "no-cpu", "Handler 'on_change' succeeded"))
         refusals_handled = len(_handler_failures(caplog, namespace, "oversubscribed"))
         operator.restart()
-        # The restarted operator resumes both services: a new Reconciled event and a new handler failure say so.
-        wait_for(lambda: len(_events(kubectl, namespace, "Reconciled")) > reconciled, what="no-cpu resumed")
+        # The restarted operator resumes both services (its log says so), and says nothing new about either: a
+        # resumed service that is as it was posts no Reconciled event either.
+        wait_for(
+            lambda: len(_handler_runs(caplog, namespace, "no-cpu", "Handler 'on_change' succeeded")) > resumed,
+            what="no-cpu resumed",
+        )
         wait_for(
             lambda: len(_handler_failures(caplog, namespace, "oversubscribed")) > refusals_handled,
             what="oversubscribed resumed",
@@ -439,6 +449,172 @@ class TestWarningsOnChange:
 
         assert _warnings(kubectl, namespace, "no-cpu", NO_CPU_WARNING) == 1
         assert _warnings(kubectl, namespace, "oversubscribed", "thread budget") == 1
+        assert len(_events(kubectl, namespace, "Reconciled")) == reconciled
+
+
+class TestAdvice:
+    """Why pods fail, with the fix, in the status (PodsHealthy, Progressing) and one Warning event per change.
+    Without a kubelet, the test writes what a kubelet would into the status of the pod the Deployment's ReplicaSet
+    created, and into the Deployment's status for a rollout past its deadline."""
+
+    def test_failing_pods_and_a_stuck_rollout_are_explained_once_each(self, kubectl: Kubectl, namespace: str) -> None:
+        name = "advice"
+        apply_text(kubectl, namespace, manifest(name))
+        wait_for(lambda: condition(kubectl.get("infsvc", name, namespace), "PodsHealthy"), what="PodsHealthy")
+        pod = wait_for(lambda: _pod_of(kubectl, namespace, name), what="the ReplicaSet's pod")
+        memory = kubectl.get("infsvc", name, namespace)["status"]["memory"]  # type: ignore[index]
+        assert memory["availableBytes"] == 2**30  # the example's 1Gi limit, above the estimate
+
+        cases = [
+            (
+                "OOMKilled",
+                {"running": {}},
+                {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+                [f"container triton of pod {pod} was OOM-killed at its memory limit of 1Gi", "set resources.limits"],
+            ),
+            (
+                "CrashLoopBackOff",
+                {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed container"}},
+                {"terminated": {"reason": "Error", "exitCode": 1, "message": "E: failed to load model conv_net"}},
+                ["last exited with code 1 (Error): E: failed to load model conv_net"],
+            ),
+            (
+                "ImagePullFailed",
+                {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}},
+                {},
+                ["cannot pull image", "registry is reachable", "imagePullSecrets"],
+            ),
+        ]
+        for reason, state, last_state, advice in cases:
+            _set_triton_state(kubectl, namespace, pod, state, last_state)
+            found = wait_for(
+                lambda reason=reason: _advice(kubectl, namespace, name, "PodsHealthy", reason),
+                what=f"PodsHealthy {reason}",
+            )
+            assert found["status"] == "False"
+            for words in advice:
+                assert words in found["message"], found["message"]
+            _resynced(kubectl, namespace, name)
+            _resynced(kubectl, namespace, name)
+            assert _warnings_about(kubectl, namespace, name, reason) == 1, reason
+
+        # The pod recovers: ready, nothing in its last state. The condition clears.
+        _set_triton_state(kubectl, namespace, pod, {"running": {}}, {}, ready=True)
+        cleared = wait_for(
+            lambda: _advice(kubectl, namespace, name, "PodsHealthy", "NoFailures"), what="PodsHealthy cleared"
+        )
+        assert cleared["status"] == "True"
+
+        # The rollout passes its deadline (the Deployment controller keeps a timed-out condition as it is).
+        deployment = kubectl.get("deployment", name, namespace)
+        assert deployment is not None
+        assert deployment["spec"]["progressDeadlineSeconds"] == 60 + 300  # the example's startupSeconds + 300
+        stuck = {
+            "type": "Progressing",
+            "status": "False",
+            "reason": "ProgressDeadlineExceeded",
+            "message": f'ReplicaSet "{name}-x" has timed out progressing.',
+            "lastUpdateTime": "2026-01-01T00:00:00Z",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+        patch = json.dumps({"status": {"conditions": [stuck]}})
+        kubectl.run("-n", namespace, "patch", "deployment", name, "--subresource=status", "--type=merge", "-p", patch)
+        found = wait_for(
+            lambda: _advice(kubectl, namespace, name, "Progressing", "ProgressDeadlineExceeded"),
+            what="Progressing ProgressDeadlineExceeded",
+        )
+        assert "no progress for 360s" in found["message"] and "timeouts.startupSeconds" in found["message"]
+        _resynced(kubectl, namespace, name)
+        _resynced(kubectl, namespace, name)
+        assert _warnings_about(kubectl, namespace, name, "ProgressDeadlineExceeded") == 1
+
+    def test_oom_advice_above_the_estimate_says_by_how_much(self, kubectl: Kubectl, namespace: str) -> None:
+        name = "oom"
+        apply_text(kubectl, namespace, manifest(name))
+        pod = wait_for(lambda: _pod_of(kubectl, namespace, name), what="the ReplicaSet's pod")
+        wait_for(lambda: condition(kubectl.get("infsvc", name, namespace), "PodsHealthy"), what="PodsHealthy")
+        required = kubectl.get("infsvc", name, namespace)["status"]["memory"]["requiredBytes"]  # type: ignore[index]
+        _set_triton_state(kubectl, namespace, pod, {"running": {}}, {"terminated": {"reason": "OOMKilled"}})
+        found = wait_for(lambda: _advice(kubectl, namespace, name, "PodsHealthy", "OOMKilled"), what="OOMKilled")
+        assert f"{format_bytes(2**30 - required)} " in found["message"]
+        assert "raise runtime.memoryOverhead" in found["message"]
+        assert "set resources.limits.memory to 1280Mi" in found["message"]
+
+
+def _set_triton_state(
+    kubectl: Kubectl,
+    namespace: str,
+    pod: str,
+    state: dict[str, Any],
+    last_state: dict[str, Any],
+    ready: bool = False,
+) -> None:
+    """Write the triton container's state into the pod's status, as a kubelet would."""
+    status = {
+        "name": "triton",
+        "image": "nvcr.io/nvidia/tritonserver:24.08-py3",
+        "imageID": "",
+        "ready": ready,
+        "restartCount": 3,
+        "state": state,
+        "lastState": last_state,
+    }
+    patch = json.dumps({"status": {"phase": "Running", "containerStatuses": [status]}})
+    kubectl.run("-n", namespace, "patch", "pod", pod, "--subresource=status", "--type=merge", "-p", patch)
+
+
+def _advice(kubectl: Kubectl, namespace: str, name: str, kind: str, reason: str) -> dict[str, Any] | None:
+    found = condition(kubectl.get("infsvc", name, namespace), kind)
+    return found if found and found["reason"] == reason else None
+
+
+def _resynced(kubectl: Kubectl, namespace: str, name: str) -> None:
+    """Proof that a resync ran: only a reconcile reverts a manual edit of the ConfigMap (and it touches no pod)."""
+    config_map = f"{name}-config"
+    kubectl.run("-n", namespace, "patch", "configmap", config_map, "--type=merge", "-p", '{"data":{"config.pbtxt":""}}')
+
+    def reverted() -> bool:
+        found = kubectl.get("configmap", config_map, namespace)
+        return found is not None and bool(found["data"]["config.pbtxt"])
+
+    wait_for(reverted, timeout=RESYNC_SECONDS * 5 + 10, what="a resync to revert the ConfigMap")
+
+
+def _warnings_about(kubectl: Kubectl, namespace: str, name: str, reason: str) -> int:
+    """How many Warnings with `reason` were posted about InferenceService `name` (repeats in place count)."""
+    items = json.loads(kubectl.run("-n", namespace, "get", "events", "-o", "json").stdout)["items"]
+    return sum(
+        int(e.get("count") or 1)
+        for e in items
+        if e["type"] == "Warning"
+        and e["reason"] == reason
+        and e["involvedObject"]["name"] == name
+        and e["involvedObject"]["kind"] == "InferenceService"
+    )
+
+
+class TestNetworkPolicy:
+    def test_a_network_policy_comes_with_the_option_and_goes_without_it(self, kubectl: Kubectl, namespace: str) -> None:
+        name = "fenced"
+        fenced = manifest(name, networkPolicy={"enabled": True, "metricsNamespace": "monitoring"})
+        apply_text(kubectl, namespace, fenced)
+        policy = wait_for(lambda: kubectl.get("networkpolicy", name, namespace), what="NetworkPolicy")
+        deployment = wait_for(lambda: kubectl.get("deployment", name, namespace), what="Deployment")
+        assert policy["spec"]["podSelector"] == deployment["spec"]["selector"]
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        assert policy["spec"]["ingress"] == [
+            {"ports": [{"protocol": "TCP", "port": 8000}, {"protocol": "TCP", "port": 8001}]},
+            {
+                "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                "ports": [{"protocol": "TCP", "port": 8002}],
+            },
+        ]
+        assert policy["metadata"]["ownerReferences"][0]["name"] == name
+
+        patch = json.dumps({"spec": {"networkPolicy": {"enabled": False}}})
+        kubectl.run("patch", "infsvc", name, "-n", namespace, "--type=merge", "-p", patch)
+        wait_for(lambda: kubectl.get("networkpolicy", name, namespace) is None, what="NetworkPolicy deleted")
+        assert wait_for(lambda: _events(kubectl, namespace, "NetworkPolicyRemoved"), what="NetworkPolicyRemoved")
 
 
 NO_CPU_WARNING = "no CPU limit or request set"
@@ -454,15 +630,20 @@ def _warnings(kubectl: Kubectl, namespace: str, name: str, prefix: str) -> int:
     )
 
 
-def _handler_failures(caplog: pytest.LogCaptureFixture, namespace: str, name: str) -> list[logging.LogRecord]:
-    """kopf's log records of a handler run about `name` that ended in a PermanentError: one per run."""
+def _handler_runs(caplog: pytest.LogCaptureFixture, namespace: str, name: str, message: str) -> list[logging.LogRecord]:
+    """kopf's log records about `name` whose message contains `message`: one per handler run."""
     return [
         record
         for record in caplog.records
         if getattr(record, "k8s_ref", {}).get("namespace") == namespace
         and getattr(record, "k8s_ref", {}).get("name") == name
-        and "failed permanently" in record.getMessage()
+        and message in record.getMessage()
     ]
+
+
+def _handler_failures(caplog: pytest.LogCaptureFixture, namespace: str, name: str) -> list[logging.LogRecord]:
+    """kopf's log records of a handler run about `name` that ended in a PermanentError: one per run."""
+    return _handler_runs(caplog, namespace, name, "failed permanently")
 
 
 def _events(kubectl: Kubectl, namespace: str, reason: str) -> list[dict[str, Any]]:

@@ -74,7 +74,8 @@ app.kubernetes.io/component: predictor
 RBAC, split like kopf's own example (docs/deployment-rbac.yaml): what the framework needs to watch and
 report, and what the application's handlers do. Every verb below was checked against a real API server
 with the chart's ServiceAccount (tests/kube/test_rbac.py); nothing else is granted: no wildcards, no
-Secrets, no Pods, no deletes but of the optional children (HorizontalPodAutoscaler, PodDisruptionBudget).
+Secrets (Triton's admin token is drawn inside each pod and never stored), Pods only read, no deletes but of
+the optional children (HorizontalPodAutoscaler, PodDisruptionBudget, NetworkPolicy).
 The application's rules grant each child in the operator's registry (CHILDREN in
 operator/inferop_operator/builders.py) exactly the verbs its reconcile loop uses (tests/kube/test_chart.py).
 */}}
@@ -88,6 +89,12 @@ operator/inferop_operator/builders.py) exactly the verbs its reconcile loop uses
 # kopf watches Deployments for the handler that follows their readiness into the owner's status.
 - apiGroups: ["apps"]
   resources: ["deployments"]
+  verbs: ["list", "watch"]
+# kopf watches the Triton pods (label-selected in the handlers) to explain failures in the status
+# (PodsHealthy: OOMKilled, CrashLoopBackOff, an image that cannot be pulled). Read only: everything comes from
+# the watch, so not even get; pods are never changed or deleted, their logs and exec stay closed.
+- apiGroups: [""]
+  resources: ["pods"]
   verbs: ["list", "watch"]
 # kopf posts core/v1 Events (Reconciled, refusals, warnings) that `kubectl describe` shows; it never
 # updates or deletes them.
@@ -116,6 +123,10 @@ operator/inferop_operator/builders.py) exactly the verbs its reconcile loop uses
 # The PodDisruptionBudget (policy/v1 or v1beta1) is also deleted when at most one pod may run.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
+  verbs: ["create", "patch", "delete"]
+# The NetworkPolicy (spec.networkPolicy) is also deleted when networkPolicy.enabled is unset.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
   verbs: ["create", "patch", "delete"]
 {{- end }}
 

@@ -550,6 +550,37 @@ class ControlPlane:
         self._children.clear()
         self.layout.state_file.unlink(missing_ok=True)
 
+    def restart(self, names: tuple[str, ...] = COMPONENTS, pause: float = 0.0) -> float:
+        """Stop `names` (SIGTERM, then SIGKILL), wait `pause` seconds, and start them again on the same ports with
+        the same data, as a control-plane upgrade or a crashed etcd does; returns the seconds they were away.
+        (kube-controller-manager exits when it loses the apiserver, as its leader election requires: a node's
+        kubelet restarts it, so a restart of the apiserver here restarts it too.)"""
+        state = self.state()
+        if state is None:
+            raise ClusterError("the control plane is not up")
+        argvs = commands(Path(state["bin_dir"]), self.layout, Ports(**state["ports"]))
+        order = [name for name in COMPONENTS if name in names]
+        stopped = time.monotonic()
+        for name in reversed(order):
+            process = state["processes"][name]
+            stop_process(process["pid"], process["executable"])
+            if child := self._children.pop(name, None):
+                child.wait()
+        time.sleep(pause)
+        checks: dict[str, Callable[[], bool]] = {
+            "etcd": lambda: http_get(f"http://127.0.0.1:{state['ports']['etcd_client']}/health")[0] == 200,
+            "kube-apiserver": lambda: self.api_get("/readyz")[0] == 200,
+            "kube-controller-manager": lambda: (
+                http_get(f"https://127.0.0.1:{state['ports']['controller_manager']}/healthz", _insecure_context())[0]
+                == 200
+            ),
+        }
+        deadline = time.monotonic() + 60
+        for name in order:
+            self._start(name, argvs[name], state)
+            self._wait_ready(name, checks[name], deadline)
+        return time.monotonic() - stopped
+
     def down(self, timeout: float = 10.0) -> None:
         """Stop every recorded process and remove what `up` created; nothing to do when already down."""
         self._stop_all(timeout)

@@ -1,0 +1,1 @@
+"""Reliability and security drills against real components (control planes, tritonserver): `make drills`."""
