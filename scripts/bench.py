@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -25,6 +24,7 @@ import numpy as np
 
 from inferop.paths import repo_root
 from inferop.threads import local_cpus
+from inferop_devtools.drills.harness import watch_until
 
 ROOT = repo_root()
 REPO = ROOT / "model_repo"
@@ -146,7 +146,7 @@ def operator_bench(services: int, samples: int) -> dict[str, Any]:
                 name = f"latency-{index}"
                 start = time.perf_counter()
                 kubectl("apply", "-n", "latency", "-f", "-", stdin=example.replace("name: conv-net", f"name: {name}"))
-                _watch_until(
+                watch_until(
                     f"Deployment {name}",
                     30,
                     1,
@@ -169,7 +169,7 @@ def operator_bench(services: int, samples: int) -> dict[str, Any]:
 
             # Converged: every Deployment exists and every service has reported on its spec; one condition after
             # the other, so the time taken is that of the later.
-            _watch_until(
+            watch_until(
                 f"{services} Deployments",
                 deadline - time.monotonic(),
                 services,
@@ -177,7 +177,7 @@ def operator_bench(services: int, samples: int) -> dict[str, Any]:
                 api.list_namespaced_deployment,
                 "fleet",
             )
-            _watch_until(
+            watch_until(
                 f"{services} services to report status.observedGeneration",
                 deadline - time.monotonic(),
                 services,
@@ -202,61 +202,6 @@ def operator_bench(services: int, samples: int) -> dict[str, Any]:
         "converge_s": round(converge_seconds, 2),
         "operator_rss_mb": round(rss / 2**20, 1),
     }
-
-
-def _watch_until(
-    what: str,
-    timeout: float,
-    count: int,
-    ready: Callable[[dict[str, Any]], bool],
-    list_call: Callable[..., Any],
-    *args: Any,
-    **selectors: Any,
-) -> None:
-    """Wait until `count` of the objects `list_call(*args, **selectors)` lists are `ready`: one list, then a watch.
-
-    The benchmark measures the operator on the CPUs the apiserver uses, so waiting must cost them next to nothing.
-    Polling costs a full list per poll. Measured here (kube-apiserver 1.20.2, 2 cores), a list costs the apiserver
-    about 0.5 ms of CPU per InferenceService and 0.17 ms per Deployment, so one poll of 1,000 of each costs it
-    0.65 s, and this process 1.2 s more to decode them into typed objects: polling each 10 ms, the polls ran back
-    to back (2.6 s each) and took 0.7 of a CPU (0.25 in the apiserver, 0.45 here). Under 1% of the apiserver's time
-    would be a poll each 0.65 s / 0.01 = 65 s (7 s at 100 services), too coarse to time a convergence of seconds.
-    A watch costs one list, then one event per change, sent from the apiserver's watch cache and caused by the
-    operator's own writes; it sees each change when it happens, and each event costs here one check of one object.
-    """
-    from kubernetes import watch
-    from kubernetes.client.exceptions import ApiException
-
-    deadline = time.monotonic() + timeout
-    while True:  # again from a fresh list when the watch's resourceVersion has expired (410 Gone)
-        listing = json.loads(list_call(*args, **selectors, _preload_content=False).data)
-        done = {item["metadata"]["name"] for item in listing["items"] if ready(item)}
-        if len(done) >= count:
-            return
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what} ({len(done)} of {count})")
-        stream = watch.Watch()
-        try:
-            for event in stream.stream(
-                list_call,
-                *args,
-                **selectors,
-                resource_version=listing["metadata"]["resourceVersion"],
-                timeout_seconds=math.ceil(remaining),
-                deserialize=False,
-            ):
-                item = event["object"]
-                if event["type"] in ("ADDED", "MODIFIED") and ready(item):
-                    done.add(item["metadata"]["name"])
-                else:
-                    done.discard(item["metadata"]["name"])
-                if len(done) >= count:
-                    stream.stop()
-                    return
-        except ApiException as error:
-            if error.status != 410:
-                raise
 
 
 def _poll(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inferop.serving.tritonserver import TritonServer, free_port
+from inferop.serving.tritonserver import TritonServer, free_port, http_status
 from inferop_devtools.drills import hostile
 from inferop_devtools.drills.hostile import (
     Answer,
@@ -164,8 +164,8 @@ def address(server: TritonServer) -> tuple[str, int]:
 
 def assert_still_serving(server: TritonServer) -> None:
     url = server.url
-    assert hostile.get_status(f"http://{url}/v2/health/live") == 200
-    assert hostile.get_status(f"http://{url}/v2/health/ready") == 200
+    assert http_status(f"http://{url}/v2/health/live") == 200
+    assert http_status(f"http://{url}/v2/health/ready") == 200
     model = hostile.read_model(url, "conv_net")
     valid = exchange(address(server), Probe((http_request(model.infer_path(), json_infer(model)),)))
     assert valid.status == 200, valid

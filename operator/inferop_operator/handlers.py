@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import copy
+import functools
 import logging
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ParamSpec, TypeVar
 
 import kopf
 import urllib3
@@ -42,6 +43,8 @@ PREDICTOR = {**MANAGED, "app.kubernetes.io/component": "predictor"}
 INSTANCE = "app.kubernetes.io/instance"
 # Seconds before a reconcile that could not reach the API server is tried again.
 UNREACHABLE_RETRY = 2.0
+P = ParamSpec("P")
+R = TypeVar("R")
 _api: KubeApi | None = None
 # Advice conditions posted, by service uid and condition type: (reason, message). Three handlers (the service's,
 # the Deployment's and the pods') derive them, and two may see the same change before either's status write is
@@ -91,6 +94,22 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
+def retried_when_unreachable(function: Callable[P, R]) -> Callable[P, R]:
+    """An API server that cannot be reached is back within seconds or not at all: retry in UNREACHABLE_RETRY
+    seconds (not kopf's growing error delays, which kept services 30 s behind a restarted control plane), and log
+    it without a traceback."""
+
+    @functools.wraps(function)
+    def retried(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return function(*args, **kwargs)
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise kopf.TemporaryError(f"the API server cannot be reached: {error}", delay=UNREACHABLE_RETRY) from None
+
+    return retried
+
+
+@retried_when_unreachable
 def reconcile(
     name: str,
     namespace: str,
@@ -105,28 +124,10 @@ def reconcile(
 ) -> tuple[Status, bool]:
     """Apply the children for a valid, safe spec and return the status and whether it changed; raise PermanentError
     for a spec that cannot run, TemporaryError (with a backoff over `retry`) for a child the API server refused for
-    now, or when the API server cannot be reached (2 s: it is back within seconds or not at all).
+    now.
 
     A Warning event is posted only for what the status written last did not already say, so resyncs and restarts
     repeat none. `delete_unwanted` False (a resync) only applies: children are deleted when the spec changes."""
-    try:
-        return _reconcile(name, namespace, uid, raw_spec, generation, status, body, retry, pods, delete_unwanted)
-    except (urllib3.exceptions.HTTPError, OSError) as error:
-        raise kopf.TemporaryError(f"the API server cannot be reached: {error}", delay=UNREACHABLE_RETRY) from None
-
-
-def _reconcile(
-    name: str,
-    namespace: str,
-    uid: str,
-    raw_spec: Any,
-    generation: int | None,
-    status: Any,
-    body: Any,
-    retry: int,
-    pods: Iterable[Mapping[str, Any]],
-    delete_unwanted: bool,
-) -> tuple[Status, bool]:
     current = dict(status or {})
     previous = read_status(current)
     try:

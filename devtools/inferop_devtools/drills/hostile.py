@@ -42,7 +42,7 @@ import numpy as np
 
 from inferop.limits import PodLimits, cgroup_unavailable_reason
 from inferop.quantity import format_bytes
-from inferop.serving.tritonserver import TritonServer, free_port
+from inferop.serving.tritonserver import TritonServer, free_port, http_status
 
 GOAL_SECONDS = 1.0  # a hostile request is answered (4xx) or its connection closed within this
 GOODPUT_GOAL = 0.9  # valid traffic during the hostile cases keeps this share of its goodput alone
@@ -341,16 +341,6 @@ def exchange(address: tuple[str, int], probe: Probe, timeout: float = CASE_TIMEO
     return Answer(word, parse_status(response), seconds, error_text(response) if response else "")
 
 
-def get_status(url: str, timeout: float = 2.0) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as error:
-        return int(error.code)
-    except (urllib.error.URLError, OSError):
-        return None
-
-
 def read_model(url: str, model: str) -> Model:
     """The model's first input, batch limit and outputs from Triton's config endpoint."""
     with urllib.request.urlopen(f"http://{url}/v2/models/{model}/config", timeout=10) as response:
@@ -451,7 +441,7 @@ class Monitor:
         while not self._stop.is_set():
             for endpoint in ("live", "ready"):
                 start = time.monotonic()
-                status = get_status(f"http://{self.server.url}/v2/health/{endpoint}")
+                status = http_status(f"http://{self.server.url}/v2/health/{endpoint}")
                 took = time.monotonic() - start
                 self.checks += 1
                 self.slowest = max(self.slowest, took)
@@ -533,8 +523,8 @@ def idle_connections(address: tuple[str, int], model: Model, count: int, hold: f
                 failures.append(str(error))
                 if len(failures) > 20:
                     break
-        live = get_status(f"http://{url}/v2/health/live")
-        ready = get_status(f"http://{url}/v2/health/ready")
+        live = http_status(f"http://{url}/v2/health/live")
+        ready = http_status(f"http://{url}/v2/health/ready")
         valid = exchange(address, Probe((http_request(model.infer_path(), json_infer(model)),)))
         time.sleep(max(0.0, hold - valid.seconds))
         still = exchange(address, Probe((http_request(model.infer_path(), json_infer(model)),)))
@@ -543,7 +533,7 @@ def idle_connections(address: tuple[str, int], model: Model, count: int, hold: f
     finally:
         for sock in sockets:
             sock.close()
-    after = get_status(f"http://{url}/v2/health/ready")
+    after = http_status(f"http://{url}/v2/health/ready")
     checks = {
         "opened": len(sockets),
         "open_failures": len(failures),
@@ -667,7 +657,7 @@ class NginxFront:
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 10
-            while get_status(f"http://127.0.0.1:{port}/v2/health/ready") != 200:
+            while http_status(f"http://127.0.0.1:{port}/v2/health/ready") != 200:
                 if process.poll() is not None or time.monotonic() > deadline:
                     log = (folder / "nginx-error.log").read_text(errors="replace")[-2000:]
                     raise RuntimeError(f"nginx did not start in front of tritonserver:\n{log}")
@@ -765,7 +755,7 @@ def run_hostile_drill(
                     "case": case.name, "sent": case.sent, "expect": case.expect, "goal": GOALS[case.expect],
                     **asdict(answer), "goal_met": met,
                     "memory_peak_bytes": case_peak,
-                    "live_after": get_status(f"http://{server.url}/v2/health/live"), **extra,
+                    "live_after": http_status(f"http://{server.url}/v2/health/live"), **extra,
                 })  # fmt: skip
             # Valid traffic keeps running as long after the cases as it ran alone, to see it recover.
             hostile_end = time.monotonic()
