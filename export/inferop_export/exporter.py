@@ -27,7 +27,7 @@ from inferop.tritonconfig import DYNAMIC_DIM, MODEL_FILENAME, ServingConfig, ren
 from inferop_export.profile import ModelProfile, profile_onnx
 from inferop_export.signature import Signature, read_signature
 from inferop_export.sources import Inputs, OnnxFile, TorchModule
-from inferop_operator.plan import Plan, plan_service
+from inferop_operator.plan import plan_service
 from inferop_operator.spec import InferenceServiceSpec, Serving, parse_spec
 
 PARITY_BATCHES = (1, 8)
@@ -161,7 +161,7 @@ def export_model(
             "resources": {"limits": {"cpu": local_cpus()}},
         }
     )
-    plan = local_plan(spec)
+    plan = plan_service(spec)  # the operator's checks too: an export that oversubscribes is refused
     with progress.step("config.pbtxt"):
         config_path = model_dir / "config.pbtxt"
         config_path.write_text(render_model_config(plan.serving))
@@ -189,11 +189,6 @@ def export_model(
             f"{source.name}: ONNX Runtime differs from {against} beyond tolerance {source.tolerance:g} ({details})"
         )
     return report
-
-
-def local_plan(spec: InferenceServiceSpec) -> Plan:
-    """The operator's plan for `spec` (its thread budget checked: an export that oversubscribes is refused)."""
-    return plan_service(spec)
 
 
 def onnxruntime_session(path: Path, model: onnx.ModelProto) -> Any:

@@ -496,16 +496,20 @@ class ControlPlane:
             "processes": {},
         }
         argvs = commands(bin_dir, layout, ports)
-        checks: dict[str, Callable[[], bool]] = {
+        checks = self._readiness(ports)
+        for name in COMPONENTS:
+            self._start(name, argvs[name], state)
+            self._wait_ready(name, checks[name], deadline)
+
+    def _readiness(self, ports: Ports) -> dict[str, Callable[[], bool]]:
+        """How each component says it is ready to serve."""
+        return {
             "etcd": lambda: http_get(f"http://127.0.0.1:{ports.etcd_client}/health")[0] == 200,
             "kube-apiserver": lambda: self.api_get("/readyz")[0] == 200,
             "kube-controller-manager": lambda: (
                 http_get(f"https://127.0.0.1:{ports.controller_manager}/healthz", _insecure_context())[0] == 200
             ),
         }
-        for name in COMPONENTS:
-            self._start(name, argvs[name], state)
-            self._wait_ready(name, checks[name], deadline)
 
     def _start(self, name: str, argv: list[str], state: dict[str, Any]) -> None:
         log.info("starting %s", name)
@@ -567,14 +571,7 @@ class ControlPlane:
             if child := self._children.pop(name, None):
                 child.wait()
         time.sleep(pause)
-        checks: dict[str, Callable[[], bool]] = {
-            "etcd": lambda: http_get(f"http://127.0.0.1:{state['ports']['etcd_client']}/health")[0] == 200,
-            "kube-apiserver": lambda: self.api_get("/readyz")[0] == 200,
-            "kube-controller-manager": lambda: (
-                http_get(f"https://127.0.0.1:{state['ports']['controller_manager']}/healthz", _insecure_context())[0]
-                == 200
-            ),
-        }
+        checks = self._readiness(Ports(**state["ports"]))
         deadline = time.monotonic() + 60
         for name in order:
             self._start(name, argvs[name], state)

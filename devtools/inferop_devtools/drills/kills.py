@@ -107,7 +107,6 @@ def run_operator_kills(
             if action == "create" or current is None:  # a deleted service is created again
                 spec = base if action == "create" else edited(base, rng)
                 custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, service(name, spec))
-                wait_until(partial(_exists, cluster, name), 30, f"{name} created")
                 latest[name] = spec
             elif action == "edit":
                 spec = edited(current, rng)
@@ -189,10 +188,6 @@ def run_operator_kills(
         "operator_exits": operator.unexpected_exits,
         "tracebacks": tracebacks,
     }
-
-
-def _exists(cluster: DrillCluster, name: str) -> bool:
-    return bool(cluster.custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name))
 
 
 def _gone(cluster: DrillCluster, name: str) -> bool:
