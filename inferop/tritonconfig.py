@@ -6,15 +6,42 @@ field name is checked against Triton's schema rather than trusted to a string te
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
-from typing import Literal
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
 
 from google.protobuf import text_format
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from tritonclient.grpc import model_config_pb2 as mc
 
 from inferop.processing import PROCESSING_PARAMETER, Processing
+
+
+def load_model_config_protobuf() -> ModuleType:
+    """Triton's `model_config_pb2` without the gRPC client around it: importing `tritonclient.grpc` loads grpc
+    and numpy (53 MB resident), which the operator, rendering configs only, would carry for its whole life.
+
+    Registered under its own name, so a later `import tritonclient.grpc` finds this module and protobuf sees
+    the schema once."""
+    name = "tritonclient.grpc.model_config_pb2"
+    if name not in sys.modules:
+        package = importlib.util.find_spec("tritonclient.grpc")
+        assert package and package.submodule_search_locations, "tritonclient[grpc] is installed"
+        source = Path(next(iter(package.submodule_search_locations))) / "model_config_pb2.py"
+        spec = importlib.util.spec_from_file_location(name, source)
+        assert spec and spec.loader
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+if TYPE_CHECKING:
+    from tritonclient.grpc import model_config_pb2 as mc
+else:
+    mc = load_model_config_protobuf()
 
 ONNX_PLATFORM = "onnxruntime_onnx"
 MODEL_FILENAME = "model.onnx"

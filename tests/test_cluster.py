@@ -1,4 +1,4 @@
-"""The local control plane: pure builders (fast), then a real etcd + apiserver + controller-manager."""
+"""The local control plane: pure builders (fast), then a real control plane of each release that is built."""
 
 from __future__ import annotations
 
@@ -16,12 +16,17 @@ import pytest
 from kubernetes import client, config
 
 from inferop_devtools.cluster.controlplane import (
+    KUBERNETES_1_20,
+    KUBERNETES_1_37,
+    KUBERNETES_RELEASES,
     KUBERNETES_SERVICE_IP,
     SERVICE_CIDR,
     ControlPlane,
+    KubernetesRelease,
     Layout,
     Ports,
     apiserver_command,
+    commands,
     controller_manager_command,
     etcd_command,
     free_ports,
@@ -29,12 +34,15 @@ from inferop_devtools.cluster.controlplane import (
     kubeconfig,
     openssl_extensions,
     process_running,
+    scheduler_command,
 )
 from tests.conftest import wait_for
 
 BIN = Path("/opt/kube/bin")
 LAYOUT = Layout(Path("/state"))
-PORTS = Ports(etcd_client=2379, etcd_peer=2380, apiserver=6443, controller_manager=10257)
+PORTS = Ports(etcd_client=2379, etcd_peer=2380, apiserver=6443, controller_manager=10257, scheduler=10259)
+RELEASES = list(KUBERNETES_RELEASES.values())
+each_release = pytest.mark.parametrize("release", RELEASES, ids=lambda release: release.name)
 
 
 def flags(argv: list[str]) -> dict[str, str]:
@@ -42,8 +50,9 @@ def flags(argv: list[str]) -> dict[str, str]:
 
 
 class TestEtcdCommand:
-    def test_listens_on_loopback_with_data_in_the_state_dir(self) -> None:
-        argv = etcd_command(BIN, LAYOUT, PORTS)
+    @each_release
+    def test_listens_on_loopback_with_data_in_the_state_dir(self, release: KubernetesRelease) -> None:
+        argv = etcd_command(release, BIN, LAYOUT, PORTS)
         assert argv[0] == "/opt/kube/bin/etcd"
         assert flags(argv)["listen-client-urls"] == "http://127.0.0.1:2379"
         assert flags(argv)["listen-peer-urls"] == "http://127.0.0.1:2380"
@@ -58,7 +67,6 @@ class TestApiserverCommand:
             ("secure-port", "6443"),
             ("bind-address", "127.0.0.1"),
             ("advertise-address", "127.0.0.1"),
-            ("insecure-port", "0"),
             ("authorization-mode", "RBAC"),
             ("client-ca-file", "/state/pki/ca.pem"),
             ("tls-cert-file", "/state/pki/apiserver.pem"),
@@ -69,11 +77,13 @@ class TestApiserverCommand:
             ("allow-privileged", "true"),
         ],
     )
-    def test_flag(self, flag: str, value: str) -> None:
-        assert flags(apiserver_command(BIN, LAYOUT, PORTS))[flag] == value
+    @each_release
+    def test_flag(self, release: KubernetesRelease, flag: str, value: str) -> None:
+        assert flags(apiserver_command(release, BIN, LAYOUT, PORTS))[flag] == value
 
-    def test_has_a_service_account_issuer(self) -> None:
-        assert flags(apiserver_command(BIN, LAYOUT, PORTS))["service-account-issuer"].startswith("https://")
+    @each_release
+    def test_has_a_service_account_issuer(self, release: KubernetesRelease) -> None:
+        assert flags(apiserver_command(release, BIN, LAYOUT, PORTS))["service-account-issuer"].startswith("https://")
 
 
 class TestControllerManagerCommand:
@@ -90,8 +100,50 @@ class TestControllerManagerCommand:
             ("secure-port", "10257"),
         ],
     )
+    @each_release
+    def test_flag(self, release: KubernetesRelease, flag: str, value: str) -> None:
+        assert flags(controller_manager_command(release, BIN, LAYOUT, PORTS))[flag] == value
+
+
+class TestSchedulerCommand:
+    @pytest.mark.parametrize(
+        ("flag", "value"),
+        [
+            ("kubeconfig", "/state/scheduler.kubeconfig"),
+            ("leader-elect", "false"),
+            ("bind-address", "127.0.0.1"),
+            ("secure-port", "10259"),
+            ("cert-dir", "/state/scheduler-certs"),
+        ],
+    )
     def test_flag(self, flag: str, value: str) -> None:
-        assert flags(controller_manager_command(BIN, LAYOUT, PORTS))[flag] == value
+        argv = scheduler_command(KUBERNETES_1_37, BIN, LAYOUT, PORTS)
+        assert argv[0] == "/opt/kube/bin/kube-scheduler"
+        assert flags(argv)[flag] == value
+
+
+class TestReleaseDifferences:
+    def test_1_20_closes_its_plain_http_ports(self) -> None:
+        assert flags(apiserver_command(KUBERNETES_1_20, BIN, LAYOUT, PORTS))["insecure-port"] == "0"
+        assert flags(controller_manager_command(KUBERNETES_1_20, BIN, LAYOUT, PORTS))["port"] == "0"
+
+    def test_1_37_passes_none_of_the_flags_removed_in_1_24(self) -> None:
+        """kube-apiserver 1.37 refuses to start on an unknown flag."""
+        assert "insecure-port" not in flags(apiserver_command(KUBERNETES_1_37, BIN, LAYOUT, PORTS))
+        assert "port" not in flags(controller_manager_command(KUBERNETES_1_37, BIN, LAYOUT, PORTS))
+
+    @pytest.mark.parametrize(
+        ("release", "components"),
+        [
+            (KUBERNETES_1_20, ["etcd", "kube-apiserver", "kube-controller-manager"]),
+            (KUBERNETES_1_37, ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]),
+        ],
+        ids=["1.20", "1.37"],
+    )
+    def test_components_in_start_order(self, release: KubernetesRelease, components: list[str]) -> None:
+        argvs = commands(release, BIN, LAYOUT, PORTS)
+        assert list(argvs) == components
+        assert [Path(argv[0]).name for argv in argvs.values()] == components
 
 
 class TestKubeconfig:
@@ -110,6 +162,13 @@ class TestKubeconfig:
         }
         assert context["context"] == {"cluster": cluster["name"], "user": user["name"]}
         assert config["current-context"] == context["name"]
+
+    def test_the_scheduler_signs_in_with_its_own_certificate(self) -> None:
+        (user,) = kubeconfig("https://127.0.0.1:6443", LAYOUT, user="scheduler")["users"]
+        assert user["user"] == {
+            "client-certificate": "/state/pki/scheduler.pem",
+            "client-key": "/state/pki/scheduler-key.pem",
+        }
 
 
 class TestHelpers:
@@ -131,18 +190,27 @@ class TestHelpers:
 # ------------------------------------------------------------------------------------------ integration
 
 
+@pytest.fixture(scope="module", params=RELEASES, ids=lambda release: release.name)
+def release(request: pytest.FixtureRequest) -> KubernetesRelease:
+    """Every integration test runs on each release whose binaries are built."""
+    chosen: KubernetesRelease = request.param
+    return chosen
+
+
 @pytest.fixture(scope="module")
-def bin_dir() -> Path:
+def bin_dir(release: KubernetesRelease) -> Path:
     try:
-        return kube_binaries(build=False)
+        return kube_binaries(build=False, release=release)
     except Exception as error:  # a missing tool skips, saying how to get it
         pytest.skip(f"{error}")
 
 
 @pytest.fixture(scope="module")
-def cluster(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def cluster(
+    release: KubernetesRelease, bin_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
     # A failed start stops what it started; leaving the block, even on error, stops the rest.
-    with ControlPlane(tmp_path_factory.mktemp("cluster"), bin_dir=bin_dir) as control_plane:
+    with ControlPlane(tmp_path_factory.mktemp("cluster"), bin_dir=bin_dir, release=release) as control_plane:
         yield control_plane
 
 
@@ -229,22 +297,32 @@ def cli(*args: str, bin_dir: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.integration
-def test_cli_up_is_idempotent_and_down_leaves_no_process(bin_dir: Path, tmp_path: Path) -> None:
+def test_cli_up_is_idempotent_and_down_leaves_no_process(
+    release: KubernetesRelease, bin_dir: Path, tmp_path: Path
+) -> None:
     state_dir = tmp_path / "cluster"
+    up = ("up", "--state-dir", str(state_dir), "--kubernetes", release.name)
     try:
-        first = cli("up", "--state-dir", str(state_dir), bin_dir=bin_dir)
+        first = cli(*up, bin_dir=bin_dir)
         assert first.returncode == 0, first.stderr
         assert first.stdout == f"export KUBECONFIG={state_dir / 'kubeconfig'}\n"
         pids = ControlPlane(state_dir).pids()
-        assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager"}
+        assert set(pids) == set(release.components)
 
-        again = cli("up", "--state-dir", str(state_dir), bin_dir=bin_dir)
+        again = cli(*up, bin_dir=bin_dir)
         assert again.stdout == first.stdout
+        assert ControlPlane(state_dir).pids() == pids
+
+        other = next(candidate.name for candidate in RELEASES if candidate != release)
+        clash = cli("up", "--state-dir", str(state_dir), "--kubernetes", other, bin_dir=bin_dir)
+        assert clash.returncode == 1
+        assert f"Kubernetes {release.name} runs in {state_dir}" in clash.stderr
         assert ControlPlane(state_dir).pids() == pids
 
         status = cli("status", "--state-dir", str(state_dir), bin_dir=bin_dir)
         assert status.returncode == 0, status.stdout + status.stderr
-        assert "kubernetes: v1." in status.stdout
+        assert f"release:    {release.name}\n" in status.stdout
+        assert f"kubernetes: v{release.name}." in status.stdout
 
         assert cli("down", "--state-dir", str(state_dir), bin_dir=bin_dir).returncode == 0
         executables = {name: str(bin_dir / name) for name in pids}

@@ -10,13 +10,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tritonclient.grpc import model_config_pb2 as mc
-
 from inferop.errors import InferopError
 from inferop.tritonconfig import (
     MODEL_FILENAME,
     ONNX_PLATFORM,
     ServingConfig,
+    mc,
     parse_model_config,
     render_model_config,
     to_text,

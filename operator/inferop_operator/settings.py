@@ -24,6 +24,15 @@ class OperatorSettings(BaseSettings):
     )
     log_format: Literal["plain", "json"] = Field(default="plain", description="json in-cluster, plain on a terminal.")
     field_manager: str = Field(default="inferop", description="Server-side apply field manager of every child.")
+    api_workers: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description=(
+            "Threads that reconcile at once, each with its own connection to the API server. More than the "
+            "server answers at once only holds more objects in the operator's memory."
+        ),
+    )
     runtime_memory_overhead: str = Field(
         default=format_bytes(CONTAINER_RUNTIME.baseline_bytes),
         description=(

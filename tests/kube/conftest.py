@@ -1,5 +1,6 @@
-"""Fixtures for tests against the real control plane: one cluster and one operator per session, a
-namespace per test. The control plane has no kubelet: Pods stay Pending unless a test marks them ready."""
+"""Fixtures for tests against the real control plane: one cluster and one operator per Kubernetes release, a
+namespace per test. Every test of this tier runs on each release: 1.20, and the current one where it is built
+(scripts/kube-current.sh). The control plane has no kubelet: Pods stay Pending unless a test marks them ready."""
 
 from __future__ import annotations
 
@@ -14,13 +15,28 @@ from typing import Any
 import pytest
 
 from inferop.paths import repo_root
-from inferop_devtools.cluster.controlplane import ControlPlane
+from inferop_devtools.cluster.controlplane import (
+    KUBERNETES_1_20,
+    KUBERNETES_RELEASES,
+    ClusterError,
+    ControlPlane,
+    KubernetesRelease,
+    kube_binaries,
+)
 from tests.conftest import wait_for
 
 REPO = repo_root()
 CRD_DIR = REPO / "charts" / "inferop" / "crds"
 EXAMPLES = REPO / "operator" / "examples"
 RESYNC_SECONDS = 2
+# The HPA the operator writes, as each release serves it (asserted, not assumed): 1.20 serves autoscaling/v2beta2
+# only (v2 came in 1.23), the current release v2 only (v2beta2 went in 1.26).
+AUTOSCALING = {
+    "1.20": "horizontalpodautoscalers.v2beta2.autoscaling",
+    "1.37": "horizontalpodautoscalers.v2.autoscaling",
+}
+# Likewise the PodDisruptionBudget: policy/v1beta1 on 1.20 (v1 came in 1.21), policy/v1 on the current release.
+DISRUPTION_BUDGET = {"1.20": "poddisruptionbudgets.v1beta1.policy", "1.37": "poddisruptionbudgets.v1.policy"}
 # What status.threads says for operator/examples/conv-net.yaml: 2 CPUs shared by 2 instances.
 CONV_NET_THREADS = {
     "cpus": 2,
@@ -44,9 +60,9 @@ def kube_tools_dir() -> Path:
 class Kubectl:
     """The real kubectl against the test cluster; JSON in, JSON out."""
 
-    def __init__(self, kubeconfig: Path, tools: Path):
+    def __init__(self, kubeconfig: Path, tools: Path, binary: Path | None = None):
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
-        self.binary = str(tools / "kubectl")
+        self.binary = str(binary or tools / "kubectl")
 
     def run(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
@@ -71,9 +87,22 @@ class Kubectl:
         return self.run(*args, check=False)
 
 
+@pytest.fixture(scope="session", params=list(KUBERNETES_RELEASES.values()), ids=lambda release: release.name)
+def kubernetes(request: pytest.FixtureRequest) -> KubernetesRelease:
+    """The release under test. 1.20 is built by `make test` itself; another release that is not built is skipped
+    with the command that builds it."""
+    release: KubernetesRelease = request.param
+    if release != KUBERNETES_1_20:
+        try:
+            kube_binaries(build=False, release=release)
+        except ClusterError as missing:
+            pytest.skip(f"Kubernetes {release.name} is not built here: {missing}")
+    return release
+
+
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"))
+def control_plane(kubernetes: KubernetesRelease, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    plane = ControlPlane(tmp_path_factory.mktemp(f"control-plane-{kubernetes.name}"), release=kubernetes)
     try:
         plane.up()
     except Exception as error:  # a missing binary says how to get it
@@ -84,8 +113,11 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 
 
 @pytest.fixture(scope="session")
-def kubectl(control_plane: ControlPlane) -> Kubectl:
-    tool = Kubectl(control_plane.kubeconfig, kube_tools_dir())
+def kubectl(control_plane: ControlPlane, kubernetes: KubernetesRelease) -> Kubectl:
+    # kubectl supports a server one minor version away: the current release brings its own, 1.20 takes the one
+    # from the registries (1.33, which still talks to it).
+    own = kube_binaries(build=False, release=kubernetes) / "kubectl"
+    tool = Kubectl(control_plane.kubeconfig, kube_tools_dir(), own if own.exists() else None)
     tool.run("apply", "-f", str(CRD_DIR))
     wait_for(
         lambda: '"Established"' in tool.run("get", "crd/inferenceservices.inferop.dev", "-o", "json").stdout,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -12,8 +13,17 @@ import yaml
 
 from inferop.quantity import format_bytes
 from inferop.tritonconfig import parse_model_config
+from inferop_devtools.cluster.controlplane import KubernetesRelease
 from inferop_operator.builders import CONFIG_HASH_ANNOTATION
-from tests.kube.conftest import CONV_NET_THREADS, EXAMPLES, RESYNC_SECONDS, Kubectl, OperatorRunner, wait_for
+from tests.kube.conftest import (
+    AUTOSCALING,
+    CONV_NET_THREADS,
+    EXAMPLES,
+    RESYNC_SECONDS,
+    Kubectl,
+    OperatorRunner,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("operator")]
 
@@ -40,7 +50,9 @@ def apply_text(kubectl: Kubectl, namespace: str, text: str) -> None:
 
 
 class TestApplyExamples:
-    def test_examples_become_configmap_deployment_service_and_hpa(self, kubectl: Kubectl, namespace: str) -> None:
+    def test_examples_become_configmap_deployment_service_and_hpa(
+        self, kubectl: Kubectl, namespace: str, kubernetes: KubernetesRelease
+    ) -> None:
         result = kubectl.apply(namespace, EXAMPLES / "conv-net.yaml", EXAMPLES / "inception-v3.yaml")
         assert result.returncode == 0, result.stderr
 
@@ -75,10 +87,8 @@ class TestApplyExamples:
         service = wait_for(lambda: kubectl.get("service", "conv-net", namespace), what="Service")
         assert {p["name"] for p in service["spec"]["ports"]} == {"http", "grpc", "metrics"}
 
-        # Kubernetes 1.20 serves autoscaling/v2beta2 only: the operator discovered it.
-        hpa = wait_for(
-            lambda: kubectl.get("horizontalpodautoscalers.v2beta2.autoscaling", "inception-v3", namespace), what="HPA"
-        )
+        # The operator discovered the version the release serves.
+        hpa = wait_for(lambda: kubectl.get(AUTOSCALING[kubernetes.name], "inception-v3", namespace), what="HPA")
         assert hpa["spec"]["maxReplicas"] == 4
         assert hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 70
         wait_for(lambda: kubectl.get("deployment", "inception-v3", namespace), what="inception Deployment")
@@ -138,6 +148,16 @@ class TestRefusals:
         assert _events(kubectl, namespace, "InsufficientMemory")
         assert kubectl.get("deployment", "out-of-memory", namespace) is None
 
+    def test_a_misspelt_field_is_refused_at_apply(self, kubectl: Kubectl, namespace: str) -> None:
+        """`maxBatchSizee` is never pruned in silence: `kubectl apply` refuses it, naming it, on every release (by
+        the apiserver's strict field validation where it has one, else by kubectl's check against the schema the
+        apiserver publishes), and nothing is created."""
+        text = manifest("misspelt", batching={"maxBatchSizee": 8})
+        result = kubectl.run("apply", "-n", namespace, "-f", "-", stdin=text, check=False)
+        assert result.returncode != 0
+        assert "maxBatchSizee" in result.stderr
+        assert kubectl.get("inferenceservice", "misspelt", namespace) is None
+
     def test_a_users_model_without_a_batch_axis_and_with_a_varying_output(
         self, kubectl: Kubectl, namespace: str
     ) -> None:
@@ -167,8 +187,11 @@ class TestRefusals:
         assert config.max_batch_size == 0
         assert [list(o.dims) for o in config.output] == [[1, -1]]
         assert config.parameters["inferop_processing"].string_value == '{"kind":"tensors"}'
-        service = wait_for(lambda: kubectl.get("inferenceservice", "own-model", namespace), what="the service")
-        assert (condition(service, "Valid") or {}).get("status") == "True"
+        # The ConfigMap is applied before the status is written: wait for the condition, not the object.
+        valid = wait_for(
+            lambda: condition(kubectl.get("inferenceservice", "own-model", namespace), "Valid"), what="Valid"
+        )
+        assert valid["status"] == "True"
 
     def test_allowing_oversubscription_deploys_with_a_warning(self, kubectl: Kubectl, namespace: str) -> None:
         apply_text(
@@ -237,21 +260,22 @@ class TestChildrenTheApiServerRefuses:
         assert kubectl.get("deployment", "quota-check", namespace) is not None
 
     def test_a_name_no_service_can_have_fails_for_good(self, kubectl: Kubectl, namespace: str) -> None:
-        # A valid name for an InferenceService (a DNS subdomain) but not for a Service (a DNS-1035 label).
-        apply_text(kubectl, namespace, manifest("7-up"))
+        # A valid name for an InferenceService (a DNS subdomain) but not for a Service (a DNS label: no dots; since
+        # 1.34 a Service name may start with a digit, so "7-up" no longer fails on current releases).
+        apply_text(kubectl, namespace, manifest("conv.net"))
         applied = wait_for(
-            lambda: condition(kubectl.get("infsvc", "7-up", namespace), "ChildrenApplied"), what="ChildrenApplied"
+            lambda: condition(kubectl.get("infsvc", "conv.net", namespace), "ChildrenApplied"), what="ChildrenApplied"
         )
         assert (applied["status"], applied["reason"]) == ("False", "Invalid")
         assert applied["message"].startswith(
-            'apply Service 7-up: 422 Invalid: Service "7-up" is invalid: metadata.name'
+            'apply Service conv.net: 422 Invalid: Service "conv.net" is invalid: metadata.name'
         )
         assert applied["message"].endswith("(not retried until the spec changes)")
-        service = kubectl.get("infsvc", "7-up", namespace)
+        service = kubectl.get("infsvc", "conv.net", namespace)
         assert service is not None and service["status"]["phase"] == "Failed"
         events = wait_for(lambda: _events(kubectl, namespace, "Invalid"), what="Warning event")
-        assert events[0]["type"] == "Warning" and 'Service "7-up" is invalid' in events[0]["message"]
-        assert kubectl.get("deployment", "7-up", namespace) is None
+        assert events[0]["type"] == "Warning" and 'Service "conv.net" is invalid' in events[0]["message"]
+        assert kubectl.get("deployment", "conv.net", namespace) is None
 
 
 class TestConvergence:
@@ -280,7 +304,9 @@ class TestConvergence:
         config = parse_model_config(kubectl.get("configmap", "edited-config", namespace)["data"]["config.pbtxt"])  # type: ignore[index]
         assert (config.max_batch_size, config.instance_group[0].count) == (4, 1)
 
-    def test_autoscaling_added_then_removed(self, kubectl: Kubectl, namespace: str) -> None:
+    def test_autoscaling_added_then_removed(
+        self, kubectl: Kubectl, namespace: str, kubernetes: KubernetesRelease
+    ) -> None:
         apply_text(
             kubectl,
             namespace,
@@ -288,9 +314,7 @@ class TestConvergence:
                 "scaled", autoscaling={"minReplicas": 1, "maxReplicas": 3, "metric": "pendingRequests", "target": 4}
             ),
         )
-        hpa = wait_for(
-            lambda: kubectl.get("horizontalpodautoscalers.v2beta2.autoscaling", "scaled", namespace), what="HPA"
-        )
+        hpa = wait_for(lambda: kubectl.get(AUTOSCALING[kubernetes.name], "scaled", namespace), what="HPA")
         assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "nv_inference_pending_request_count"
         apply_text(kubectl, namespace, manifest("scaled"))
         wait_for(lambda: kubectl.get("hpa", "scaled", namespace) is None, what="HPA deleted")
@@ -652,3 +676,48 @@ def _pod_of(kubectl: Kubectl, namespace: str, instance: str) -> str | None:
     result = kubectl.run("-n", namespace, "get", "pods", "-l", f"app.kubernetes.io/instance={instance}", "-o", "name")
     names = result.stdout.split()
     return names[0].removeprefix("pod/") if names else None
+
+
+class TestPodSecurity:
+    """A namespace that enforces the "restricted" Pod Security Standard: the current release's PodSecurity
+    admission admits the operator's Triton pods and refuses a privileged pod; 1.20 has no such admission, and the
+    same label lets anything in (the rendered pods are held to the standard by tests/test_operator_pod_security.py
+    there)."""
+
+    def test_triton_pods_are_admitted_and_a_privileged_pod_is_not(
+        self, kubectl: Kubectl, kubernetes: KubernetesRelease
+    ) -> None:
+        namespace = f"restricted-{uuid.uuid4().hex[:8]}"
+        kubectl.run("create", "namespace", namespace)
+        try:
+            kubectl.run("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+            applied = kubectl.apply(namespace, EXAMPLES / "inception-v3.yaml")
+            assert applied.returncode == 0, applied.stderr
+            selector = "app.kubernetes.io/instance=inception-v3"
+            pods = wait_for(
+                lambda: json.loads(kubectl.run("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout)[
+                    "items"
+                ],
+                what="the Triton pod, admitted",
+            )
+            assert pods[0]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+            privileged = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "privileged"},
+                "spec": {
+                    "containers": [
+                        {"name": "c", "image": "busybox", "securityContext": {"privileged": True}},
+                    ]
+                },
+            }
+            result = kubectl.run("apply", "-n", namespace, "-f", "-", stdin=json.dumps(privileged), check=False)
+            if kubernetes.name == "1.20":
+                assert result.returncode == 0, result.stderr
+            else:
+                assert result.returncode != 0
+                assert 'violates PodSecurity "restricted:latest"' in result.stderr
+                assert "privileged" in result.stderr
+        finally:
+            kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)

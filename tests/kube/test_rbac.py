@@ -25,14 +25,31 @@ from typing import Any
 import pytest
 import yaml
 
-from inferop_devtools.cluster.controlplane import ControlPlane, free_ports
-from tests.kube.conftest import CONV_NET_THREADS, EXAMPLES, Kubectl, OperatorRunner, kube_tools_dir, wait_for
+from inferop_devtools.cluster.controlplane import ControlPlane, KubernetesRelease, free_ports
+from tests.kube.conftest import (
+    AUTOSCALING,
+    CONV_NET_THREADS,
+    DISRUPTION_BUDGET,
+    EXAMPLES,
+    Kubectl,
+    OperatorRunner,
+    kube_tools_dir,
+    wait_for,
+)
 from tests.kube.test_chart import CHART, Helm
 
 pytestmark = pytest.mark.integration
 
 # Rules every authenticated account has (system:basic-user, system:discovery): not the chart's doing.
-BASELINE = {"selfsubjectaccessreviews.authorization.k8s.io", "selfsubjectrulesreviews.authorization.k8s.io"}
+# What every authenticated account may do, by the release's own default roles (system:basic-user and kin), not by
+# the chart: asking about itself on every release; since 1.28 `kubectl auth whoami`, and since 1.33 reading
+# ClusterTrustBundles (public CA certificates).
+BASELINE = {
+    "selfsubjectaccessreviews.authorization.k8s.io",
+    "selfsubjectrulesreviews.authorization.k8s.io",
+    "selfsubjectreviews.authentication.k8s.io",
+    "clustertrustbundles.certificates.k8s.io",
+}
 
 
 @pytest.fixture(scope="module")
@@ -270,10 +287,10 @@ class TestNamespaced:
         assert forbidden_lines(installed) == []
 
     def test_a_disruption_budget_comes_with_the_second_replica_and_goes_with_it(
-        self, kubectl: Kubectl, installed: Installed
+        self, kubectl: Kubectl, installed: Installed, kubernetes: KubernetesRelease
     ) -> None:
         ns = installed.watched
-        pdb = "poddisruptionbudgets.v1beta1.policy"  # what Kubernetes 1.20 serves
+        pdb = DISRUPTION_BUDGET[kubernetes.name]
         paired = yaml.safe_load((EXAMPLES / "conv-net.yaml").read_text())
         paired["metadata"]["name"] = "paired"
         paired["spec"]["replicas"] = 2
@@ -373,7 +390,7 @@ class TestClusterWide:
         return cluster_wide
 
     def test_any_namespace_reconciles_and_autoscaling_comes_and_goes(
-        self, kubectl: Kubectl, installed: Installed
+        self, kubectl: Kubectl, installed: Installed, kubernetes: KubernetesRelease
     ) -> None:
         ns = installed.other
         with operator_process(installed, "--all-namespaces"):
@@ -383,7 +400,7 @@ class TestClusterWide:
                 lambda: (kubectl.get("infsvc", "conv-net", ns) or {}).get("status", {}).get("threads"), what="status"
             )
             assert status == CONV_NET_THREADS
-            hpa = "horizontalpodautoscalers.v2beta2.autoscaling"  # what Kubernetes 1.20 serves
+            hpa = AUTOSCALING[kubernetes.name]
             assert wait_for(lambda: kubectl.get(hpa, "inception-v3", ns), what="HPA")["spec"]["maxReplicas"] == 4
 
             patch = json.dumps({"spec": {"autoscaling": None}})

@@ -11,7 +11,13 @@ import shlex
 import sys
 from pathlib import Path
 
-from inferop_devtools.cluster.controlplane import ClusterError, ControlPlane, default_state_dir
+from inferop_devtools.cluster.controlplane import (
+    KUBERNETES_1_20,
+    KUBERNETES_RELEASES,
+    ClusterError,
+    ControlPlane,
+    default_state_dir,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,12 +35,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: $INFEROP_CLUSTER_DIR, else ~/.cache/inferop/cluster)",
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for readiness (up) or exit (down)")
+    parser.add_argument(
+        "--kubernetes",
+        choices=list(KUBERNETES_RELEASES),
+        default=KUBERNETES_1_20.name,
+        help="the release `up` starts, its binaries built once by its script in scripts/ (1.20: "
+        "kube-binaries.sh, from Debian's source package; 1.37: kube-current.sh, from the Go module proxy); "
+        "down and status act on whichever release runs",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    cluster = ControlPlane(args.state_dir or default_state_dir())
+    cluster = ControlPlane(args.state_dir or default_state_dir(), release=KUBERNETES_RELEASES[args.kubernetes])
     try:
         if args.action == "up":
             kubeconfig = cluster.up(timeout=args.timeout)
@@ -58,6 +72,7 @@ def _print_status(cluster: ControlPlane) -> int:
         return 1
     health = "up" if summary["healthy"] else "NOT HEALTHY (`inferop cluster up` restarts it)"
     print(f"status:     {health}")
+    print(f"release:    {summary['release']}")
     print(f"server:     {summary['server']}")
     print(f"kubeconfig: {summary['kubeconfig']}")
     if summary["healthy"]:

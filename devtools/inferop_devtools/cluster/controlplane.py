@@ -2,7 +2,8 @@
 
 No kubelet and no container runtime: objects, RBAC, admission, garbage collection and the workload
 controllers are real, Pods stay Pending. That is what an operator and a chart need to be tested against,
-and it starts in seconds without Docker.
+and it starts in seconds without Docker. Kubernetes 1.20 by default; 1.37, the current release, also runs a
+kube-scheduler (it finds no node, and says so on each Pod).
 
 The builders at the top (file layout, command lines, kubeconfig) are pure; `ControlPlane` below them runs
 the processes. Every process runs in its own session, so it outlives the command that started it, and is
@@ -27,7 +28,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -39,16 +40,14 @@ from inferop.paths import cache_dir, repo_root
 
 log = logging.getLogger(__name__)
 
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
-# In start order; `down` stops them in reverse.
-COMPONENTS = BINARIES
+# Every component any release runs, in start order; `down` stops them in reverse.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 # kubeadm's default: about a million ClusterIPs (a /24 ran out at 254 Services: "range is full"). A /12 is the
 # largest range the apiserver accepts for IPv4.
 SERVICE_CIDR = "10.96.0.0/12"
 # The `kubernetes` Service takes the range's first address; the serving certificate names it.
 KUBERNETES_SERVICE_IP = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-GET_BINARIES = "scripts/kube-binaries.sh (builds Kubernetes once, or honours $KUBEBUILDER_ASSETS)"
 
 
 class ClusterError(InferopError, RuntimeError):
@@ -65,11 +64,57 @@ def default_state_dir() -> Path:
 
 
 @dataclass(frozen=True)
+class KubernetesRelease:
+    """A release the control plane can run: where its binaries come from and what differs between releases.
+
+    The command builders take it as an argument, so each release's command lines stay pure and testable.
+    """
+
+    name: str
+    # In scripts/: prints the directory holding the binaries on its last stdout line; --no-build exits 3.
+    binaries_script: str
+    components: tuple[str, ...]
+    apiserver_flags: tuple[str, ...]
+    controller_manager_flags: tuple[str, ...]
+    # $KUBEBUILDER_ASSETS names a directory, not a release: only 1.20, whose script always took it, uses it.
+    honours_kubebuilder_assets: bool
+
+    @property
+    def how_to_get_binaries(self) -> str:
+        """What to run when the binaries are missing, for error messages."""
+        envtest = ", or honours $KUBEBUILDER_ASSETS" if self.honours_kubebuilder_assets else ""
+        return f"scripts/{self.binaries_script} (builds Kubernetes {self.name} once{envtest})"
+
+
+KUBERNETES_1_20 = KubernetesRelease(
+    name="1.20",
+    binaries_script="kube-binaries.sh",
+    # No scheduler: kube-binaries.sh builds none, and without nodes there is nothing to place.
+    components=("etcd", "kube-apiserver", "kube-controller-manager"),
+    # Plain-HTTP ports, open unless set to 0; both flags are gone since 1.24.
+    apiserver_flags=("--insecure-port=0",),
+    controller_manager_flags=("--port=0",),
+    honours_kubebuilder_assets=True,
+)
+KUBERNETES_1_37 = KubernetesRelease(
+    name="1.37",
+    binaries_script="kube-current.sh",
+    # With a scheduler, each Pod carries the reason it waits (PodScheduled=False), as on a real cluster.
+    components=COMPONENTS,
+    apiserver_flags=(),
+    controller_manager_flags=(),
+    honours_kubebuilder_assets=False,
+)
+KUBERNETES_RELEASES = {release.name: release for release in (KUBERNETES_1_20, KUBERNETES_1_37)}
+
+
+@dataclass(frozen=True)
 class Ports:
     etcd_client: int
     etcd_peer: int
     apiserver: int
     controller_manager: int
+    scheduler: int
 
     @property
     def server(self) -> str:
@@ -102,6 +147,14 @@ class Layout:
     def controller_manager_certs(self) -> Path:
         return self.root / "cm-certs"
 
+    @property
+    def scheduler_kubeconfig(self) -> Path:
+        return self.root / "scheduler.kubeconfig"
+
+    @property
+    def scheduler_certs(self) -> Path:
+        return self.root / "scheduler-certs"
+
     def log(self, component: str) -> Path:
         return self.root / f"{component}.log"
 
@@ -112,10 +165,10 @@ class Layout:
         """Everything `up` may create, for `down` to remove (and nothing else in the directory)."""
         logs = [self.log(c) for c in COMPONENTS]
         created = [self.state_file, self.kubeconfig, self.pki, self.etcd_data, self.controller_manager_certs]
-        return [*created, *logs]
+        return [*created, self.scheduler_kubeconfig, self.scheduler_certs, *logs]
 
 
-def etcd_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
+def etcd_command(release: KubernetesRelease, bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
     client = f"http://127.0.0.1:{ports.etcd_client}"
     peer = f"http://127.0.0.1:{ports.etcd_peer}"
     return [
@@ -131,14 +184,14 @@ def etcd_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
     ]
 
 
-def apiserver_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
+def apiserver_command(release: KubernetesRelease, bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
     return [
         str(bin_dir / "kube-apiserver"),
         f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
         "--bind-address=127.0.0.1",
         "--advertise-address=127.0.0.1",
         f"--secure-port={ports.apiserver}",
-        "--insecure-port=0",
+        *release.apiserver_flags,
         f"--cert-dir={layout.pki}",
         f"--tls-cert-file={layout.pem('apiserver')}",
         f"--tls-private-key-file={layout.pem('apiserver-key')}",
@@ -155,7 +208,7 @@ def apiserver_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
     ]
 
 
-def controller_manager_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
+def controller_manager_command(release: KubernetesRelease, bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
     return [
         str(bin_dir / "kube-controller-manager"),
         f"--kubeconfig={layout.kubeconfig}",
@@ -167,42 +220,61 @@ def controller_manager_command(bin_dir: Path, layout: Layout, ports: Ports) -> l
         "--use-service-account-credentials=true",
         "--bind-address=127.0.0.1",
         f"--secure-port={ports.controller_manager}",
-        "--port=0",
+        *release.controller_manager_flags,
         f"--cert-dir={layout.controller_manager_certs}",
         "--profiling=false",
     ]
 
 
-def commands(bin_dir: Path, layout: Layout, ports: Ports) -> dict[str, list[str]]:
-    return {
-        "etcd": etcd_command(bin_dir, layout, ports),
-        "kube-apiserver": apiserver_command(bin_dir, layout, ports),
-        "kube-controller-manager": controller_manager_command(bin_dir, layout, ports),
-    }
+def scheduler_command(release: KubernetesRelease, bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
+    return [
+        str(bin_dir / "kube-scheduler"),
+        # Its own identity: the built-in RBAC role system:kube-scheduler is what a real cluster grants it.
+        f"--kubeconfig={layout.scheduler_kubeconfig}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports.scheduler}",
+        f"--cert-dir={layout.scheduler_certs}",
+        "--profiling=false",
+    ]
 
 
-def kubeconfig(server: str, layout: Layout, name: str = "inferop") -> dict[str, Any]:
-    """An admin kubeconfig (client certificate in `system:masters`) that points at files in the layout."""
+COMMAND_BUILDERS: dict[str, Callable[[KubernetesRelease, Path, Layout, Ports], list[str]]] = {
+    "etcd": etcd_command,
+    "kube-apiserver": apiserver_command,
+    "kube-controller-manager": controller_manager_command,
+    "kube-scheduler": scheduler_command,
+}
+
+
+def commands(release: KubernetesRelease, bin_dir: Path, layout: Layout, ports: Ports) -> dict[str, list[str]]:
+    """The command line of each of the release's components."""
+    return {name: COMMAND_BUILDERS[name](release, bin_dir, layout, ports) for name in release.components}
+
+
+def kubeconfig(server: str, layout: Layout, name: str = "inferop", user: str = "admin") -> dict[str, Any]:
+    """A kubeconfig that points at files in the layout: by default the admin's (client certificate in
+    `system:masters`), with `user="scheduler"` the scheduler's."""
     return {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": name, "cluster": {"server": server, "certificate-authority": str(layout.pem("ca"))}}],
         "users": [
             {
-                "name": f"{name}-admin",
+                "name": f"{name}-{user}",
                 "user": {
-                    "client-certificate": str(layout.pem("admin")),
-                    "client-key": str(layout.pem("admin-key")),
+                    "client-certificate": str(layout.pem(user)),
+                    "client-key": str(layout.pem(f"{user}-key")),
                 },
             }
         ],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": f"{name}-admin"}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": f"{name}-{user}"}}],
         "current-context": name,
     }
 
 
 def openssl_extensions() -> str:
-    """x509 extension sections for the two leaf certificates, written beside them as `extensions.cnf`."""
+    """x509 extension sections for the leaf certificates, written beside them as `extensions.cnf`."""
     sans = ",".join(
         [
             "IP:127.0.0.1",
@@ -218,11 +290,13 @@ def openssl_extensions() -> str:
     return (
         f"[apiserver]\n{leaf}extendedKeyUsage = serverAuth\nsubjectAltName = {sans}\n"
         f"[admin]\n{leaf}extendedKeyUsage = clientAuth\n"
+        f"[scheduler]\n{leaf}extendedKeyUsage = clientAuth\n"
     )
 
 
 def openssl_commands(layout: Layout) -> list[list[str]]:
-    """A CA, the apiserver's serving certificate, an admin client certificate, a service-account key pair.
+    """A CA, the apiserver's serving certificate, admin and scheduler client certificates, a service-account key
+    pair.
 
     Run in order, after `openssl_extensions()` is written to `pki/extensions.cnf`.
     """
@@ -251,6 +325,8 @@ def openssl_commands(layout: Layout) -> list[list[str]]:
         *signed("apiserver", "/CN=kube-apiserver"),
         # Kubernetes maps the certificate's O to groups: system:masters is bound to cluster-admin.
         *signed("admin", "/O=system:masters/CN=inferop-admin"),
+        # The user the built-in RBAC binds to the role system:kube-scheduler.
+        *signed("scheduler", "/CN=system:kube-scheduler"),
         key("sa-key"),
         ["openssl", "pkey", "-in", f"{pki}/sa-key.pem", "-pubout", "-out", f"{pki}/sa-pub.pem"],
     ]
@@ -259,33 +335,36 @@ def openssl_commands(layout: Layout) -> list[list[str]]:
 # --------------------------------------------------------------------------------------------- processes
 
 
-def missing_binaries(bin_dir: Path) -> list[str]:
-    return [name for name in BINARIES if not os.access(bin_dir / name, os.X_OK)]
+def missing_binaries(bin_dir: Path, release: KubernetesRelease) -> list[str]:
+    return [name for name in release.components if not os.access(bin_dir / name, os.X_OK)]
 
 
-def kube_binaries(build: bool = True) -> Path:
-    """The directory holding the three binaries, from `scripts/kube-binaries.sh`.
+def kube_binaries(build: bool = True, release: KubernetesRelease = KUBERNETES_1_20) -> Path:
+    """The directory holding the release's binaries, from its script in `scripts/`.
 
-    With `build=False` nothing is built: a missing build raises instead of taking six minutes.
+    With `build=False` nothing is built: a missing build raises instead of taking minutes.
     """
-    script = repo_root() / "scripts" / "kube-binaries.sh"
+    script = repo_root() / "scripts" / release.binaries_script
     assets = os.environ.get("KUBEBUILDER_ASSETS")
-    if assets and not missing_binaries(Path(assets)):
+    if release.honours_kubebuilder_assets and assets and not missing_binaries(Path(assets), release):
         return Path(assets)
     if not script.is_file():
-        raise ClusterError(
-            f"{script} not found (inferop is installed without its source checkout): "
-            f"set KUBEBUILDER_ASSETS to a directory holding {', '.join(BINARIES)}"
-        )
+        if release.honours_kubebuilder_assets:
+            hint = f"set KUBEBUILDER_ASSETS to a directory holding {', '.join(release.components)}"
+        else:
+            hint = f"Kubernetes {release.name} is built by that script only"
+        raise ClusterError(f"{script} not found (inferop is installed without its source checkout): {hint}")
     argv = [str(script)] if build else [str(script), "--no-build"]
     result = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)  # progress: stderr
     lines = result.stdout.strip().splitlines()
     if result.returncode != 0 or not lines:
         status = result.returncode
-        raise ClusterError(f"no Kubernetes binaries ({script.name} exited with {status}): run {GET_BINARIES}")
+        raise ClusterError(
+            f"no Kubernetes binaries ({script.name} exited with {status}): run {release.how_to_get_binaries}"
+        )
     bin_dir = Path(lines[-1])
-    if missing := missing_binaries(bin_dir):
-        raise ClusterError(f"{', '.join(missing)} missing in {bin_dir}: run {GET_BINARIES}")
+    if missing := missing_binaries(bin_dir, release):
+        raise ClusterError(f"{', '.join(missing)} missing in {bin_dir}: run {release.how_to_get_binaries}")
     return bin_dir
 
 
@@ -369,7 +448,7 @@ def stop_process(pid: int, executable: str, timeout: float = 10.0) -> None:
 
 
 def _insecure_context() -> ssl.SSLContext:
-    """For the controller-manager's health endpoint, served with a certificate it made up itself."""
+    """For the controller-manager's and scheduler's health endpoints, served with certificates they made up."""
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -377,15 +456,23 @@ def _insecure_context() -> ssl.SSLContext:
 
 
 class ControlPlane:
-    """etcd, kube-apiserver and kube-controller-manager on 127.0.0.1, state kept in `state_dir`.
+    """The components of a Kubernetes release on 127.0.0.1, state kept in `state_dir`.
+
+    `release` is what `up` starts; `down`, `status` and `restart` act on the release the state file records.
 
     >>> with ControlPlane(tmp) as cluster:
     ...     kubernetes.config.load_kube_config(str(cluster.kubeconfig))
     """
 
-    def __init__(self, state_dir: Path | str | None = None, bin_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path | str | None = None,
+        bin_dir: Path | None = None,
+        release: KubernetesRelease = KUBERNETES_1_20,
+    ) -> None:
         self.layout = Layout(Path(state_dir) if state_dir is not None else default_state_dir())
         self.bin_dir = bin_dir
+        self.release = release
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     @property
@@ -393,12 +480,20 @@ class ControlPlane:
         return self.layout.kubeconfig
 
     def state(self) -> dict[str, Any] | None:
-        """What `up` recorded: server, ports, bin_dir and the processes' pids; None when down."""
+        """What `up` recorded: release, server, ports, bin_dir and the processes' pids; None when down."""
         try:
             state: dict[str, Any] = json.loads(self.layout.state_file.read_text())
         except (OSError, ValueError):
             return None
         return state
+
+    def running_release(self) -> KubernetesRelease | None:
+        """The release the state file records; None when down."""
+        state = self.state()
+        if state is None:
+            return None
+        # State files written before releases were recorded all ran 1.20.
+        return KUBERNETES_RELEASES[state.get("kubernetes", KUBERNETES_1_20.name)]
 
     def pids(self) -> dict[str, int]:
         state = self.state() or {}
@@ -422,11 +517,11 @@ class ControlPlane:
 
     def healthy(self) -> bool:
         """All recorded processes run and the apiserver answers /readyz."""
-        state = self.state()
-        if state is None:
+        state, release = self.state(), self.running_release()
+        if state is None or release is None:
             return False
         processes = state.get("processes", {})
-        if set(processes) != set(COMPONENTS):
+        if set(processes) != set(release.components):
             return False
         if not all(process_running(p["pid"], p["executable"]) for p in processes.values()):
             return False
@@ -442,11 +537,12 @@ class ControlPlane:
 
     def status(self) -> dict[str, Any]:
         """A summary for people: up or not, server, component versions and pids."""
-        state = self.state()
+        state, release = self.state(), self.running_release()
         summary: dict[str, Any] = {"healthy": self.healthy(), "state_dir": str(self.layout.root)}
-        if state is None:
+        if state is None or release is None:
             return summary
         summary["server"] = state["server"]
+        summary["release"] = release.name
         summary["kubeconfig"] = str(self.kubeconfig)
         summary["processes"] = {
             name: {"pid": p["pid"], "running": process_running(p["pid"], p["executable"])}
@@ -462,12 +558,18 @@ class ControlPlane:
     def up(self, timeout: float = 60.0) -> Path:
         """Start the control plane, or find it already running; returns the admin kubeconfig."""
         if self.healthy():
+            running = self.running_release()
+            if running != self.release:
+                raise ClusterError(
+                    f"Kubernetes {running.name if running else '?'} runs in {self.layout.root}: "
+                    f"`inferop cluster down` it before starting {self.release.name} there"
+                )
             log.info("control plane already up at %s", (self.state() or {}).get("server"))
             return self.kubeconfig
         self.down()  # leftovers of a crash or a reboot
-        bin_dir = self.bin_dir or kube_binaries()
-        if missing := missing_binaries(bin_dir):
-            raise ClusterError(f"{', '.join(missing)} missing in {bin_dir}: run {GET_BINARIES}")
+        bin_dir = self.bin_dir or kube_binaries(release=self.release)
+        if missing := missing_binaries(bin_dir, self.release):
+            raise ClusterError(f"{', '.join(missing)} missing in {bin_dir}: run {self.release.how_to_get_binaries}")
         started = time.monotonic()
         deadline = started + timeout
         try:
@@ -487,17 +589,20 @@ class ControlPlane:
             result = subprocess.run(argv, capture_output=True, text=True, check=False)
             if result.returncode != 0:
                 raise ClusterError(f"{shlex.join(argv)} failed:\n{result.stderr}")
-        ports = Ports(*free_ports(4))
+        ports = Ports(*free_ports(len(fields(Ports))))
         layout.kubeconfig.write_text(yaml.safe_dump(kubeconfig(ports.server, layout), sort_keys=False))
+        scheduler = kubeconfig(ports.server, layout, user="scheduler")
+        layout.scheduler_kubeconfig.write_text(yaml.safe_dump(scheduler, sort_keys=False))
         state: dict[str, Any] = {
+            "kubernetes": self.release.name,
             "server": ports.server,
             "ports": asdict(ports),
             "bin_dir": str(bin_dir),
             "processes": {},
         }
-        argvs = commands(bin_dir, layout, ports)
+        argvs = commands(self.release, bin_dir, layout, ports)
         checks = self._readiness(ports)
-        for name in COMPONENTS:
+        for name in self.release.components:
             self._start(name, argvs[name], state)
             self._wait_ready(name, checks[name], deadline)
 
@@ -508,6 +613,9 @@ class ControlPlane:
             "kube-apiserver": lambda: self.api_get("/readyz")[0] == 200,
             "kube-controller-manager": lambda: (
                 http_get(f"https://127.0.0.1:{ports.controller_manager}/healthz", _insecure_context())[0] == 200
+            ),
+            "kube-scheduler": lambda: (
+                http_get(f"https://127.0.0.1:{ports.scheduler}/healthz", _insecure_context())[0] == 200
             ),
         }
 
@@ -559,11 +667,11 @@ class ControlPlane:
         the same data, as a control-plane upgrade or a crashed etcd does; returns the seconds they were away.
         (kube-controller-manager exits when it loses the apiserver, as its leader election requires: a node's
         kubelet restarts it, so a restart of the apiserver here restarts it too.)"""
-        state = self.state()
-        if state is None:
+        state, release = self.state(), self.running_release()
+        if state is None or release is None:
             raise ClusterError("the control plane is not up")
-        argvs = commands(Path(state["bin_dir"]), self.layout, Ports(**state["ports"]))
-        order = [name for name in COMPONENTS if name in names]
+        argvs = commands(release, Path(state["bin_dir"]), self.layout, Ports(**state["ports"]))
+        order = [name for name in release.components if name in names]
         stopped = time.monotonic()
         for name in reversed(order):
             process = state["processes"][name]

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Provide the add-ons that make the bare control plane of kube-current.sh useful for end-to-end tests, in
+# one directory printed on the last stdout line (progress goes to stderr):
+#   kwok                the kwok controller (sigs.k8s.io/kwok/cmd/kwok, not kwokctl): it plays the kubelet
+#                       for fake nodes, so scheduled pods become Running and Ready without containers
+#                       (it has no built-in stages: give it those in scripts/kwok/ with --config);
+#   prometheus-adapter  the custom.metrics.k8s.io server backed by Prometheus (cmd/adapter);
+#   metrics-server      the metrics.k8s.io server.
+#
+# The binaries are built from the Go module proxy into
+# ${INFEROP_CACHE:-$HOME/.cache/inferop}/kube-addons/bin, once; a filled cache answers in milliseconds.
+# None of the three modules has replace directives, so each is built from a throw-away wrapper module that
+# requires it at a pinned version: the module graph is then exactly the one its own go.mod selects. The
+# proxy serves the prometheus-adapter versions but no version list, so its version cannot be looked up
+# and stays pinned. The module and build caches are private to the build directory (so the download can
+# be measured) and removed afterwards.
+# Measured with Go 1.26.8 on 2 cores shared with a test suite: 11 minutes for all three (kwok 4, the adapter
+# 3.5, metrics-server 3.3 after the others, 6 alone), 313 MiB of modules downloaded (1.7 GiB unpacked, 2.9 GiB
+# of build cache on the way), 188 MiB of static binaries (61, 59 and 68 MiB).
+#
+# --no-build: never build; exit 3 when no binaries are ready (for test suites that skip instead).
+set -euo pipefail
+
+NO_BUILD=
+[[ "${1:-}" == --no-build ]] && NO_BUILD=1
+
+# name, module, version, main package, and the variable its release build sets to the version (- for none: kwok
+# carries its version in the source, prometheus-adapter prints none).
+ADDONS=(
+    "kwok sigs.k8s.io/kwok v0.8.0 sigs.k8s.io/kwok/cmd/kwok -"
+    "prometheus-adapter sigs.k8s.io/prometheus-adapter v0.12.0 sigs.k8s.io/prometheus-adapter/cmd/adapter -"
+    "metrics-server sigs.k8s.io/metrics-server v0.9.0 sigs.k8s.io/metrics-server/cmd/metrics-server k8s.io/client-go/pkg/version.gitVersion"
+)
+NEEDED=()
+for addon in "${ADDONS[@]}"; do NEEDED+=("${addon%% *}"); done
+CACHE="${INFEROP_CACHE:-$HOME/.cache/inferop}/kube-addons"
+BIN="$CACHE/bin"
+BUILD="$CACHE/build"
+# The Go the proxy serves when a module asks for more than the machine's own.
+NEWER_TOOLCHAIN=go1.27.3
+
+log() { echo "kube-addons: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+has_all() {
+    local name
+    for name in "${NEEDED[@]}"; do [[ -x "$BIN/$name" ]] || return 1; done
+}
+
+if has_all; then
+    echo "$BIN"
+    exit 0
+fi
+
+if [[ -n $NO_BUILD ]]; then
+    log "no add-on binaries yet: run $0 to build them (about 11 minutes on 2 cores)"
+    exit 3
+fi
+
+command -v go >/dev/null || die "building needs the go command (Go 1.26 or newer)"
+
+# One builder at a time; a second caller waits and then finds the cache filled.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.lock"
+flock 9
+if has_all; then
+    echo "$BIN"
+    exit 0
+fi
+
+# The module cache is read-only: make it writable before removing it.
+remove_build() { chmod -R u+w "$BUILD" 2>/dev/null || true; rm -rf "$BUILD"; }
+
+remove_build
+mkdir -p "$BUILD" "$BIN"
+cd "$BUILD"
+export GOMODCACHE="$BUILD/gomodcache" GOCACHE="$BUILD/gocache" GOPATH="$BUILD/gopath"
+# Static binaries; the caller's GOFLAGS (-mod=vendor...) must not reach the wrappers.
+export CGO_ENABLED=0 GOFLAGS=
+
+# Switch to the proxy's newer toolchain only when a go.mod asks for more than the local go.
+use_go_for() {
+    local needed=$1 have
+    have=$(go env GOVERSION)
+    have=${have#go}
+    if [[ $(printf '%s\n%s\n' "$needed" "$have" | sort -V | head -n1) != "$needed" ]]; then
+        log "go $needed needed, go $have here: using $NEWER_TOOLCHAIN from the module proxy"
+        export GOTOOLCHAIN=$NEWER_TOOLCHAIN
+    fi
+}
+
+go_directive() { awk '$1 == "go" { print $2; exit }' "$1"; }
+
+downloaded_kib() { du -sk "$GOMODCACHE/cache/download" 2>/dev/null | cut -f1 || echo 0; }
+
+# Wrapper module, module graph, build at the lowest priority (the machine is shared with test suites).
+build_addon() {
+    local name=$1 module=$2 version=$3 package=$4 version_variable=$5 wrapper="$BUILD/$1" ldflags="-s -w"
+    local source start=$SECONDS before
+    [[ -x "$BIN/$name" ]] && return
+    before=$(downloaded_kib)
+    log "downloading $module@$version"
+    source=$(go mod download -json "$module@$version" | awk -F'"' '$2 == "Dir" { print $4 }')
+    [[ -d $source ]] || die "$module@$version did not download"
+    grep -q '^replace\|=>' "$source/go.mod" && log "warning: $module@$version has replace directives, ignored here"
+    use_go_for "$(go_directive "$source/go.mod")"
+    mkdir -p "$wrapper"
+    printf 'module inferop.invalid/%s-build\n\ngo %s\n\nrequire %s %s\n\ntool %s\n' \
+        "$name" "$(go_directive "$source/go.mod")" "$module" "$version" "$package" >"$wrapper/go.mod"
+    (cd "$wrapper" && nice -n 19 go mod tidy >&2)
+    [[ $version_variable == - ]] || ldflags+=" -X $version_variable=$version"
+    log "building $name ($package, $(go version | cut -d' ' -f3))"
+    (cd "$wrapper" && nice -n 19 go build -trimpath -ldflags="$ldflags" -o "$BIN/.$name.tmp" "$package" >&2)
+    mv "$BIN/.$name.tmp" "$BIN/$name"
+    log "built $name $version in $((SECONDS - start)) s: $(($(downloaded_kib) - before)) KiB newly downloaded," \
+        "binary $(du -h "$BIN/$name" | cut -f1)"
+}
+
+start=$SECONDS
+for addon in "${ADDONS[@]}"; do
+    # shellcheck disable=SC2086 # the fields are single words
+    build_addon $addon
+done
+has_all || die "missing after the build: $(for n in "${NEEDED[@]}"; do [[ -x $BIN/$n ]] || echo -n "$n "; done)"
+log "downloaded: $(du -sh "$GOMODCACHE/cache/download" | cut -f1) (module zips and go.mod files)," \
+    "$(du -sh "$GOMODCACHE" | cut -f1) module cache unpacked, $(du -sh "$GOCACHE" | cut -f1) build cache"
+log "removing the build directory"
+cd "$CACHE"
+remove_build
+log "ready in $((SECONDS - start)) s: $BIN"
+echo "$BIN"
