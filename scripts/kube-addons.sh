@@ -21,9 +21,6 @@
 # --no-build: never build; exit 3 when no binaries are ready (for test suites that skip instead).
 set -euo pipefail
 
-NO_BUILD=
-[[ "${1:-}" == --no-build ]] && NO_BUILD=1
-
 # name, module, version, main package, and the variable its release build sets to the version (- for none: kwok
 # carries its version in the source, prometheus-adapter prints none).
 ADDONS=(
@@ -33,65 +30,13 @@ ADDONS=(
 )
 NEEDED=()
 for addon in "${ADDONS[@]}"; do NEEDED+=("${addon%% *}"); done
+SCRIPT=kube-addons
 CACHE="${INFEROP_CACHE:-$HOME/.cache/inferop}/kube-addons"
-BIN="$CACHE/bin"
-BUILD="$CACHE/build"
-# The Go the proxy serves when a module asks for more than the machine's own.
-NEWER_TOOLCHAIN=go1.27.3
-
-log() { echo "kube-addons: $*" >&2; }
-die() { log "error: $*"; exit 1; }
-
-has_all() {
-    local name
-    for name in "${NEEDED[@]}"; do [[ -x "$BIN/$name" ]] || return 1; done
-}
-
-if has_all; then
-    echo "$BIN"
-    exit 0
-fi
-
-if [[ -n $NO_BUILD ]]; then
-    log "no add-on binaries yet: run $0 to build them (about 11 minutes on 2 cores)"
-    exit 3
-fi
-
-command -v go >/dev/null || die "building needs the go command (Go 1.26 or newer)"
-
-# One builder at a time; a second caller waits and then finds the cache filled.
-mkdir -p "$CACHE"
-exec 9>"$CACHE/.lock"
-flock 9
-if has_all; then
-    echo "$BIN"
-    exit 0
-fi
-
-# The module cache is read-only: make it writable before removing it.
-remove_build() { chmod -R u+w "$BUILD" 2>/dev/null || true; rm -rf "$BUILD"; }
-
-remove_build
-mkdir -p "$BUILD" "$BIN"
-cd "$BUILD"
-export GOMODCACHE="$BUILD/gomodcache" GOCACHE="$BUILD/gocache" GOPATH="$BUILD/gopath"
-# Static binaries; the caller's GOFLAGS (-mod=vendor...) must not reach the wrappers.
-export CGO_ENABLED=0 GOFLAGS=
-
-# Switch to the proxy's newer toolchain only when a go.mod asks for more than the local go.
-use_go_for() {
-    local needed=$1 have
-    have=$(go env GOVERSION)
-    have=${have#go}
-    if [[ $(printf '%s\n%s\n' "$needed" "$have" | sort -V | head -n1) != "$needed" ]]; then
-        log "go $needed needed, go $have here: using $NEWER_TOOLCHAIN from the module proxy"
-        export GOTOOLCHAIN=$NEWER_TOOLCHAIN
-    fi
-}
-
-go_directive() { awk '$1 == "go" { print $2; exit }' "$1"; }
-
-downloaded_kib() { du -sk "$GOMODCACHE/cache/download" 2>/dev/null | cut -f1 || echo 0; }
+WHAT="add-on binaries"
+BUILD_TIME="about 11 minutes on 2 cores"
+# shellcheck source=scripts/go-cache.sh
+source "$(dirname "$0")/go-cache.sh"
+go_cache_begin "$@"
 
 # Wrapper module, module graph, build at the lowest priority (the machine is shared with test suites).
 build_addon() {
@@ -121,7 +66,7 @@ for addon in "${ADDONS[@]}"; do
     # shellcheck disable=SC2086 # the fields are single words
     build_addon $addon
 done
-has_all || die "missing after the build: $(for n in "${NEEDED[@]}"; do [[ -x $BIN/$n ]] || echo -n "$n "; done)"
+has_all "${NEEDED[@]}" || die "missing after the build: $(for n in "${NEEDED[@]}"; do [[ -x $BIN/$n ]] || echo -n "$n "; done)"
 log "downloaded: $(du -sh "$GOMODCACHE/cache/download" | cut -f1) (module zips and go.mod files)," \
     "$(du -sh "$GOMODCACHE" | cut -f1) module cache unpacked, $(du -sh "$GOCACHE" | cut -f1) build cache"
 log "removing the build directory"
