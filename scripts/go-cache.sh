@@ -3,7 +3,7 @@
 # BUILD_TIME (what to say when they are missing), then calls go_cache_begin "$@": it prints the bin directory
 # and exits when everything is built (or exits 3 under --no-build when not), and otherwise takes the build lock
 # and leaves the shell in a fresh build directory with private module and build caches (so the download can be
-# measured).
+# measured). After its builds it calls go_cache_finish.
 # shellcheck shell=bash
 
 BIN="$CACHE/bin"
@@ -49,6 +49,20 @@ go_cache_begin() {
     # Static binaries, as Kubernetes releases them; the caller's GOFLAGS (-mod=vendor...) must not reach the
     # wrapper modules.
     export CGO_ENABLED=0 GOFLAGS=
+    BUILD_START=$SECONDS
+}
+
+# After the caller's builds: check that every binary is there, report the download, remove the build directory
+# and print the bin directory.
+go_cache_finish() {
+    has_all "${NEEDED[@]}" || die "missing after the build: $(for n in "${NEEDED[@]}"; do [[ -x $BIN/$n ]] || echo -n "$n "; done)"
+    log "downloaded: $(du -sh "$GOMODCACHE/cache/download" | cut -f1) (module zips and go.mod files)," \
+        "$(du -sh "$GOMODCACHE" | cut -f1) module cache unpacked, $(du -sh "$GOCACHE" | cut -f1) build cache"
+    log "removing the build directory"
+    cd "$CACHE" || exit 1
+    remove_build
+    log "ready in $((SECONDS - BUILD_START)) s: $BIN"
+    echo "$BIN"
 }
 
 # Switch to the proxy's newer toolchain only when a go.mod asks for more than the local go.

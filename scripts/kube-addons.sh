@@ -61,16 +61,8 @@ build_addon() {
         "binary $(du -h "$BIN/$name" | cut -f1)"
 }
 
-start=$SECONDS
 for addon in "${ADDONS[@]}"; do
     # shellcheck disable=SC2086 # the fields are single words
     build_addon $addon
 done
-has_all "${NEEDED[@]}" || die "missing after the build: $(for n in "${NEEDED[@]}"; do [[ -x $BIN/$n ]] || echo -n "$n "; done)"
-log "downloaded: $(du -sh "$GOMODCACHE/cache/download" | cut -f1) (module zips and go.mod files)," \
-    "$(du -sh "$GOMODCACHE" | cut -f1) module cache unpacked, $(du -sh "$GOCACHE" | cut -f1) build cache"
-log "removing the build directory"
-cd "$CACHE"
-remove_build
-log "ready in $((SECONDS - start)) s: $BIN"
-echo "$BIN"
+go_cache_finish

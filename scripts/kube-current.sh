@@ -100,14 +100,6 @@ build_etcd() {
     (cd "$wrapper" && timed_build etcd go.etcd.io/etcd/server/v3 "-s -w")
 }
 
-start=$SECONDS
 build_kubernetes
 build_etcd
-has_all "${NEEDED[@]}" || die "missing after the build: $(for n in "${NEEDED[@]}"; do [[ -x $BIN/$n ]] || echo -n "$n "; done)"
-log "downloaded: $(du -sh "$GOMODCACHE/cache/download" | cut -f1) (module zips and go.mod files)," \
-    "$(du -sh "$GOMODCACHE" | cut -f1) module cache unpacked, $(du -sh "$GOCACHE" | cut -f1) build cache"
-log "removing the build directory"
-cd "$CACHE"
-remove_build
-log "ready in $((SECONDS - start)) s: $BIN"
-echo "$BIN"
+go_cache_finish
