@@ -5,7 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CACHE ?= $(HOME)/.cache/inferop
 export INFEROP_CACHE := $(CACHE)
-# Where the chart and the tests find helm and kubectl, and the control plane's binaries.
+# Where the chart and the tests find helm and kubectl, the control planes' binaries (1.20 and the current release)
+# and the cluster add-ons (kwok, prometheus-adapter). On a fresh machine the Go builds take about half an hour
+# once (README: "The local control plane").
 TOOLS_STAMP := $(CACHE)/.tools-ready
 
 .PHONY: help install demo test unit check lint format bench field drills tools e2e-kind crd clean
@@ -33,8 +35,11 @@ $(STAMP): $(DISTRIBUTIONS)
 
 tools: $(TOOLS_STAMP)
 
-$(TOOLS_STAMP): scripts/kube-binaries.sh scripts/helm-kubectl.sh scripts/tools-venv.sh scripts/prometheus.sh
+$(TOOLS_STAMP): scripts/kube-binaries.sh scripts/kube-current.sh scripts/kube-addons.sh scripts/go-cache.sh \
+		scripts/helm-kubectl.sh scripts/tools-venv.sh scripts/prometheus.sh
 	bash scripts/kube-binaries.sh >/dev/null
+	bash scripts/kube-current.sh >/dev/null
+	bash scripts/kube-addons.sh >/dev/null
 	bash scripts/helm-kubectl.sh >/dev/null
 	bash scripts/tools-venv.sh >/dev/null
 	bash scripts/prometheus.sh >/dev/null

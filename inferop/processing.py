@@ -32,6 +32,29 @@ class Processing(BaseModel):
         frozen=True,
         populate_by_name=True,
         alias_generator=AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel),
+        # _image_settings again as CEL for the operator's CRD (see inferop_operator.spec.admission_rules): the
+        # apiserver refuses with the same words. `kind` is defaulted before the rules run; has() keeps them exact.
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(has(self.kind) && self.kind == 'imageClassification') || "
+                    "!(has(self.resizeRatio) || has(self.mean) || has(self.std))",
+                    "messageExpression": "'%s%s%s apply to kind imageClassification only, not %s'.format(["
+                    "has(self.resizeRatio) ? 'resizeRatio' : '', "
+                    "has(self.mean) ? (has(self.resizeRatio) ? ', mean' : 'mean') : '', "
+                    "has(self.std) ? (has(self.resizeRatio) || has(self.mean) ? ', std' : 'std') : '', "
+                    "has(self.kind) ? self.kind : 'tensors'])",
+                },
+                {
+                    "rule": "!has(self.kind) || self.kind != 'imageClassification' || "
+                    "(has(self.resizeRatio) && has(self.mean) && has(self.std))",
+                    "messageExpression": "'kind imageClassification needs %s%s%s'.format(["
+                    "has(self.resizeRatio) ? '' : 'resizeRatio', "
+                    "has(self.mean) ? '' : (has(self.resizeRatio) ? 'mean' : ', mean'), "
+                    "has(self.std) ? '' : (has(self.resizeRatio) && has(self.mean) ? 'std' : ', std')])",
+                },
+            ]
+        },
     )
 
     kind: ProcessingKind = Field(default="tensors", description="How inputs are made and outputs read.")

@@ -118,16 +118,21 @@ def config(
     scrape_interval: str,
     evaluation_interval: str,
     labels: Mapping[str, str],
+    file_sd: Path | None = None,
 ) -> dict[str, Any]:
-    """prometheus.yml: one static job. `labels` go on every series, as a PodMonitor's relabelling would
-    put namespace and pod there."""
+    """prometheus.yml: one job, of static `targets` and, with `file_sd`, the targets that file lists (re-read
+    when it changes). `labels` go on every static series, as a PodMonitor's relabelling would put namespace
+    and pod there."""
     static: dict[str, Any] = {"targets": list(targets)}
     if labels:
         static["labels"] = dict(labels)
+    job_config: dict[str, Any] = {"job_name": job, "static_configs": [static]}
+    if file_sd is not None:
+        job_config["file_sd_configs"] = [{"files": [str(file_sd)]}]
     return {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
         "rule_files": [str(path) for path in rule_paths],
-        "scrape_configs": [{"job_name": job, "static_configs": [static]}],
+        "scrape_configs": [job_config],
     }
 
 
@@ -180,7 +185,9 @@ class Prometheus:
 
     Use as a context manager, or `start()` / `stop()`; its config, rules, TSDB and log live in a temporary
     directory removed on stop. `start()` returns in about 0.1 s; the first scrape follows about 5 s later
-    (`wait_for_targets`). `labels` go on every scraped series, as a PodMonitor puts namespace and pod."""
+    (`wait_for_targets`). `labels` go on every scraped series, as a PodMonitor puts namespace and pod.
+    `file_sd` names a file_sd file of more targets, each with its own labels (see `PodTargets` in
+    inferop_devtools.cluster.addons)."""
 
     def __init__(
         self,
@@ -190,8 +197,10 @@ class Prometheus:
         scrape_interval: str = "1s",
         evaluation_interval: str = "1s",
         labels: Mapping[str, str] | None = None,
+        file_sd: Path | None = None,
     ) -> None:
         self.targets = list(targets)
+        self.file_sd = file_sd
         self.job = job
         self.rule_files = list(rule_files)
         self.scrape_interval = scrape_interval
@@ -213,9 +222,8 @@ class Prometheus:
         for path, rules in zip(rule_paths, self.rule_files, strict=True):
             path.write_text(yaml.safe_dump(dict(rules), sort_keys=False, allow_unicode=True))
         config_path = self._workdir / "prometheus.yml"
-        settings = config(
-            self.targets, self.job, rule_paths, self.scrape_interval, self.evaluation_interval, self.labels
-        )
+        intervals = (self.scrape_interval, self.evaluation_interval)
+        settings = config(self.targets, self.job, rule_paths, *intervals, self.labels, self.file_sd)
         config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
         self.port = _free_port()
         argv = [

@@ -123,7 +123,7 @@ def operator_bench(services: int, samples: int) -> dict[str, Any]:
                 [str(tools / "kubectl"), *args], input=stdin, text=True, env=env, check=True, capture_output=True
             )
 
-        kubectl("apply", "-f", str(ROOT / "charts" / "inferop" / "crds"))
+        kubectl("apply", *plane.release.kubectl_crd_flags, "-f", str(ROOT / "charts" / "inferop" / "crds"))
         kubectl("wait", "--for=condition=Established", "crd/inferenceservices.inferop.dev")
         kubectl("create", "namespace", "latency")
         kubectl("create", "namespace", "fleet")

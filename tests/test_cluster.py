@@ -16,6 +16,7 @@ import pytest
 from kubernetes import client, config
 
 from inferop_devtools.cluster.controlplane import (
+    FRONT_PROXY_CLIENT,
     KUBERNETES_1_20,
     KUBERNETES_1_37,
     KUBERNETES_RELEASES,
@@ -32,6 +33,7 @@ from inferop_devtools.cluster.controlplane import (
     free_ports,
     kube_binaries,
     kubeconfig,
+    openssl_commands,
     openssl_extensions,
     process_running,
     scheduler_command,
@@ -80,6 +82,19 @@ class TestApiserverCommand:
     @each_release
     def test_flag(self, release: KubernetesRelease, flag: str, value: str) -> None:
         assert flags(apiserver_command(release, BIN, LAYOUT, PORTS))[flag] == value
+
+    @each_release
+    def test_serves_the_aggregation_layer_with_a_front_proxy_ca_of_its_own(self, release: KubernetesRelease) -> None:
+        """What a metrics adapter needs: the apiserver proxies custom.metrics.k8s.io to it with the front proxy's
+        client certificate, which the cluster CA did not sign (a cluster client must not pass as the proxy)."""
+        apiserver = flags(apiserver_command(release, BIN, LAYOUT, PORTS))
+        assert apiserver["requestheader-client-ca-file"] == "/state/pki/front-proxy-ca.pem"
+        assert apiserver["requestheader-client-ca-file"] != apiserver["client-ca-file"]
+        assert apiserver["requestheader-allowed-names"] == FRONT_PROXY_CLIENT
+        assert apiserver["proxy-client-cert-file"] == f"/state/pki/{FRONT_PROXY_CLIENT}.pem"
+        signing = [argv for argv in openssl_commands(LAYOUT) if argv[-1] == apiserver["proxy-client-cert-file"]]
+        assert len(signing) == 1 and "/state/pki/front-proxy-ca.pem" in signing[0]
+        assert any(f"/CN={FRONT_PROXY_CLIENT}" in argv for argv in openssl_commands(LAYOUT))
 
     @each_release
     def test_has_a_service_account_issuer(self, release: KubernetesRelease) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import yaml
 from inferop_operator.builders import Service
 from inferop_operator.crd import CRD_PATH, build_crd, main, render_crd
 from inferop_operator.plan import plan_service
-from inferop_operator.spec import parse_spec
+from inferop_operator.spec import SpecError, parse_spec
 from inferop_operator.status import Status, deployed_status
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -307,3 +309,119 @@ class TestCommittedCrd:
         monkeypatch.setattr("inferop_operator.crd.CRD_PATH", stale)
         assert main(["--check"]) == 1
         assert "make crd" in capsys.readouterr().err
+
+
+def conv_net_spec(**changes: Any) -> dict[str, Any]:
+    """The conv net example's spec with `changes` laid over it (a `model` dict over its model)."""
+    spec = dict(yaml.safe_load((EXAMPLES / "conv-net.yaml").read_text())["spec"])
+    spec["model"] = {**spec["model"], **changes.pop("model", {})}
+    return {**spec, **changes}
+
+
+IMAGE_SETTINGS = {"resizeRatio": 1.14, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+# For each CEL rule in the CRD (by the path of its schema node), specs its model_validator refuses.
+REFUSED: dict[str, list[dict[str, Any]]] = {
+    "spec.autoscaling": [
+        conv_net_spec(autoscaling={"minReplicas": 3, "maxReplicas": 2, "target": 50}),
+        conv_net_spec(autoscaling={"minReplicas": 1000, "maxReplicas": 999, "metric": "queueTime", "target": 1}),
+    ],
+    "spec.model.processing": [
+        conv_net_spec(model={"processing": {"kind": "imageClassification", "mean": IMAGE_SETTINGS["mean"]}}),
+        conv_net_spec(model={"processing": {"kind": "imageClassification"}}),
+        conv_net_spec(model={"processing": {"kind": "policyValue", "std": IMAGE_SETTINGS["std"]}}),
+        conv_net_spec(model={"processing": IMAGE_SETTINGS}),  # kind defaults to tensors
+    ],
+}
+ACCEPTED = [
+    *(yaml.safe_load(path.read_text())["spec"] for path in sorted(EXAMPLES.glob("*.yaml"))),
+    conv_net_spec(autoscaling={"minReplicas": 2, "maxReplicas": 2, "target": 50}),
+    conv_net_spec(autoscaling={"maxReplicas": 1, "target": 50}),  # minReplicas left to its default, 1
+    conv_net_spec(model={"processing": {"kind": "imageClassification", **IMAGE_SETTINGS}}),
+    conv_net_spec(model={"processing": {"kind": "policyValue"}}),
+    conv_net_spec(model={"processing": {}}),
+]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    path: str
+    rule: str
+    message: str | None  # None: the rule holds
+
+
+def k8s_format(template: Any, arguments: Any) -> Any:
+    """`<string>.format(<list>)` of the Kubernetes CEL strings library, which cel-python lacks: %s and %d only."""
+    from celpy import celtypes
+
+    values = iter(arguments)
+
+    def substitute(match: re.Match[str]) -> str:
+        value = next(values)
+        assert isinstance(value, celtypes.IntType if match[0] == "%d" else celtypes.StringType), (match[0], value)
+        return str(value)
+
+    return celtypes.StringType(re.sub(r"%[sd]", substitute, str(template)))
+
+
+def evaluate_rules(schema: dict[str, Any], value: Any, path: str = "spec") -> Iterator[Outcome]:
+    """Every CEL rule of `schema` evaluated on `value` as the apiserver does: at each node the object has, with
+    `self` bound to that node, the messageExpression evaluated where the rule fails."""
+    celpy = pytest.importorskip("celpy", reason="install cel-python (the dev extra) to evaluate the CRD's rules")
+    environment = celpy.Environment()
+    for rule in schema.get("x-kubernetes-validations", []):
+        activation = {"self": celpy.json_to_cel(value)}
+        holds = environment.program(environment.compile(rule["rule"])).evaluate(activation)
+        message = None
+        if not holds:
+            program = environment.program(
+                environment.compile(rule["messageExpression"]), functions={"format": k8s_format}
+            )
+            message = str(program.evaluate(activation))
+        yield Outcome(path, rule["rule"], message)
+    if isinstance(value, dict):
+        for name, child in schema.get("properties", {}).items():
+            if name in value:
+                yield from evaluate_rules(child, value[name], f"{path}.{name}")
+        if isinstance(schema.get("additionalProperties"), dict):
+            for name, child_value in value.items():
+                yield from evaluate_rules(schema["additionalProperties"], child_value, f"{path}.{name}")
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            yield from evaluate_rules(schema["items"], item, f"{path}.{index}")
+
+
+class TestAdmissionRules:
+    """The CRD's CEL rules are the model's validators again: what one refuses the other refuses, in the same words
+    (Kubernetes 1.25+ evaluates them at admission; tests/kube/test_admission.py shows it on a real apiserver)."""
+
+    def test_every_rule_has_refused_samples(self, spec_schema: dict[str, Any]) -> None:
+        rules = [r for _, node in nodes(spec_schema) for r in node.get("x-kubernetes-validations", [])]
+        assert all(set(rule) == {"rule", "messageExpression"} for rule in rules), rules
+        refused = {
+            o.rule for raws in REFUSED.values() for raw in raws for o in evaluate_rules(spec_schema, raw) if o.message
+        }
+        assert refused == {rule["rule"] for rule in rules}
+
+    @pytest.mark.parametrize(
+        ("path", "raw"),
+        [pytest.param(path, raw, id=f"{path}-{i}") for path in REFUSED for i, raw in enumerate(REFUSED[path])],
+    )
+    def test_refused_by_the_model_and_a_rule_with_the_same_message(
+        self, spec_schema: dict[str, Any], path: str, raw: dict[str, Any]
+    ) -> None:
+        (failed,) = [outcome for outcome in evaluate_rules(spec_schema, raw) if outcome.message is not None]
+        assert failed.path == path
+        with pytest.raises(SpecError) as refused:
+            parse_spec(raw)
+        # The apiserver says `spec.autoscaling: Invalid value: "object": <message>`; the model the same path.
+        assert str(refused.value) == f"{path}: {failed.message}"
+
+    @pytest.mark.parametrize("raw", [pytest.param(raw, id=str(i)) for i, raw in enumerate(ACCEPTED)])
+    def test_accepted_by_the_model_and_every_rule(self, spec_schema: dict[str, Any], raw: dict[str, Any]) -> None:
+        parse_spec(raw)
+        assert [outcome for outcome in evaluate_rules(spec_schema, raw) if outcome.message is not None] == []
+
+    def test_every_rule_holds_on_some_accepted_sample(self, spec_schema: dict[str, Any]) -> None:
+        rules = {r["rule"] for _, node in nodes(spec_schema) for r in node.get("x-kubernetes-validations", [])}
+        held = {outcome.rule for raw in ACCEPTED for outcome in evaluate_rules(spec_schema, raw)}
+        assert held == rules

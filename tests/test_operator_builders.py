@@ -591,8 +591,8 @@ class TestHpa:
     @pytest.mark.parametrize(
         ("metric", "triton_metric"),
         [
-            ("queueTime", "nv_inference_queue_duration_us"),
-            ("pendingRequests", "nv_inference_pending_request_count"),
+            ("queueTime", "inferop_queue_time_microseconds"),
+            ("pendingRequests", "inferop_pending_requests"),
         ],
     )
     def test_triton_pods_metrics(self, metric: str, triton_metric: str) -> None:
@@ -608,6 +608,12 @@ class TestHpa:
             }
         ]
         assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+        assert "behavior" not in hpa["spec"]  # Kubernetes' defaults
+
+    def test_scale_down_stabilization(self) -> None:
+        autoscaling = {"maxReplicas": 4, "metric": "queueTime", "target": 5000, "scaleDownStabilizationSeconds": 0}
+        hpa = build_hpa(make_service(raw_spec(autoscaling=autoscaling)), "autoscaling/v2beta2")
+        assert hpa["spec"]["behavior"] == {"scaleDown": {"stabilizationWindowSeconds": 0}}
 
     def test_needs_autoscaling(self) -> None:
         with pytest.raises(ValueError, match="autoscaling"):

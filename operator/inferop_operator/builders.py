@@ -340,8 +340,9 @@ def build_deployment(service: Service) -> dict[str, Any]:
     }
 
 
-# Triton's metrics behind the Pods metrics an adapter (e.g. prometheus-adapter) serves to the HPA.
-POD_METRICS = {"queueTime": "nv_inference_queue_duration_us", "pendingRequests": "nv_inference_pending_request_count"}
+# The Pods metrics the HPA reads, as the chart's prometheus-adapter rules (metricsAdapter) compute them from
+# Triton's series.
+POD_METRICS = {"queueTime": "inferop_queue_time_microseconds", "pendingRequests": "inferop_pending_requests"}
 
 
 def build_hpa(service: Service, api_version: str) -> dict[str, Any]:
@@ -362,16 +363,19 @@ def build_hpa(service: Service, api_version: str) -> dict[str, Any]:
                 "target": {"type": "AverageValue", "averageValue": str(autoscaling.target)},
             },
         }
+    spec: dict[str, Any] = {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": service.name},
+        "minReplicas": autoscaling.min_replicas,
+        "maxReplicas": autoscaling.max_replicas,
+        "metrics": [metric],
+    }
+    if autoscaling.scale_down_stabilization_seconds is not None:
+        spec["behavior"] = {"scaleDown": {"stabilizationWindowSeconds": autoscaling.scale_down_stabilization_seconds}}
     return {
         "apiVersion": api_version,
         "kind": "HorizontalPodAutoscaler",
         "metadata": metadata(service, service.name),
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": service.name},
-            "minReplicas": autoscaling.min_replicas,
-            "maxReplicas": autoscaling.max_replicas,
-            "metrics": [metric],
-        },
+        "spec": spec,
     }
 
 

@@ -22,7 +22,7 @@ CRD_PATH = Path(__file__).resolve().parents[2] / "charts" / "inferop" / "crds" /
 KEPT = {
     "type", "description", "default", "enum", "pattern", "minimum", "maximum", "minLength", "maxLength",
     "minItems", "maxItems", "items", "properties", "required", "additionalProperties", "x-kubernetes-int-or-string",
-    "anyOf", "exclusiveMinimum", "exclusiveMaximum",
+    "anyOf", "exclusiveMinimum", "exclusiveMaximum", "x-kubernetes-validations",
 }  # fmt: skip
 
 

@@ -42,6 +42,19 @@ Quantity = Annotated[
 ]
 
 
+def admission_rules(*rules: tuple[str, str]) -> ConfigDict:
+    """A model_validator's check again as CEL (rule, messageExpression) in the model's CRD schema node, so that an
+    apiserver that evaluates them refuses the object at `kubectl apply` with the validator's own words; 1.20 drops
+    them and the operator's Valid condition says the same. Only rules CEL states exactly belong here: the tests
+    evaluate each against samples the validator refuses (tests/test_crd.py).
+
+    Messages are built with format(), not `+`: the apiserver estimates `'...' + string(int)` (or a join()) as
+    unbounded and refuses the whole CRD for its cost (kubernetes/kubernetes#124234)."""
+    return ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [{"rule": rule, "messageExpression": m} for rule, m in rules]}
+    )
+
+
 class SpecError(InferopError, ValueError):
     """An invalid InferenceService spec; `str()` names every offending field and what is allowed."""
 
@@ -297,17 +310,34 @@ class Timeouts(Section):
 class Autoscaling(Section):
     """A HorizontalPodAutoscaler on the Triton Deployment; it then owns the replica count."""
 
+    model_config = admission_rules(
+        (
+            "!has(self.minReplicas) || self.maxReplicas >= self.minReplicas",
+            "'maxReplicas (%d) must be >= minReplicas (%d)'.format([self.maxReplicas, self.minReplicas])",
+        )
+    )
+
     min_replicas: int = Field(default=1, ge=1, description="Fewest replicas.")
     max_replicas: int = Field(ge=1, description="Most replicas.")
     metric: Literal["cpu", "queueTime", "pendingRequests"] = Field(
         default="cpu",
         description=(
-            "cpu: CPU utilisation percent of requests; queueTime: Triton's queue microseconds per second "
-            "(Pods metric nv_inference_queue_duration_us); pendingRequests: Triton's queued requests "
-            "(Pods metric nv_inference_pending_request_count). Pods metrics need a metrics adapter."
+            "cpu: CPU utilisation percent of requests; queueTime: mean microseconds a request waits in Triton's "
+            "queue, per model, the pod's worst model (Pods metric inferop_queue_time_microseconds); "
+            "pendingRequests: requests waiting in the pod's Triton queues (Pods metric inferop_pending_requests). "
+            "Pods metrics need a metrics adapter with the chart's rules (metricsAdapter.enabled)."
         ),
     )
     target: int = Field(ge=1, description="Target value per pod (percent for cpu).")
+    scale_down_stabilization_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=3600,
+        description=(
+            "Seconds the HPA looks back before it scales down, taking the highest recommendation of the window "
+            "(unset: Kubernetes' default, 300)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _range(self) -> Autoscaling:

@@ -1,6 +1,10 @@
 """Fixtures for tests against the real control plane: one cluster and one operator per Kubernetes release, a
 namespace per test. Every test of this tier runs on each release: 1.20, and the current one where it is built
-(scripts/kube-current.sh). The control plane has no kubelet: Pods stay Pending unless a test marks them ready."""
+(scripts/kube-current.sh).
+
+On the current release kwok (scripts/kube-addons.sh) plays the kubelet of a fake node: the kube-scheduler places
+Pods there and they become Running and Ready, or crash-loop when a test labels them so. 1.20 runs no scheduler:
+its Pods stay Pending unless a test writes into their status what a kubelet would."""
 
 from __future__ import annotations
 
@@ -8,13 +12,15 @@ import json
 import os
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from inferop.paths import repo_root
+from inferop_devtools.cluster.addons import Kwok, addon_binaries
 from inferop_devtools.cluster.controlplane import (
     KUBERNETES_1_20,
     KUBERNETES_RELEASES,
@@ -46,6 +52,24 @@ CONV_NET_THREADS = {
     "interOp": 1,
     "summary": "2x(1+1)/2cpu",
 }
+
+
+# Figures a test measured on the way (e.g. how long a scale took), printed at the end of the run: a print would go
+# to the operator's runner, which captures the standard streams while it runs.
+MEASURED: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if MEASURED:
+        terminalreporter.section("measured")
+        for line in MEASURED:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture()
+def measured(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Record a figure for the run's summary, under the test's id."""
+    return lambda line: MEASURED.append(f"{request.node.nodeid.split('::')[-1]}: {line}")
 
 
 def kube_tools_dir() -> Path:
@@ -113,12 +137,35 @@ def control_plane(kubernetes: KubernetesRelease, tmp_path_factory: pytest.TempPa
 
 
 @pytest.fixture(scope="session")
-def kubectl(control_plane: ControlPlane, kubernetes: KubernetesRelease) -> Kubectl:
+def kwok(
+    control_plane: ControlPlane, kubernetes: KubernetesRelease, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Kwok | None]:
+    """kwok and one fake node where the release schedules Pods; None on 1.20. Started before any test touches the
+    cluster (`kubectl` needs it), so every test of a release sees the same nodes."""
+    if not runs_pods(kubernetes):
+        yield None
+        return
+    try:
+        bin_dir = addon_binaries()
+    except ClusterError as missing:
+        pytest.fail(f"Kubernetes {kubernetes.name} runs Pods on kwok's fake nodes: {missing}")
+    with Kwok(control_plane.kubeconfig, tmp_path_factory.mktemp(f"kwok-{kubernetes.name}"), bin_dir) as kubelet:
+        kubelet.add_node("kwok-node-0")
+        yield kubelet
+
+
+def runs_pods(kubernetes: KubernetesRelease) -> bool:
+    """Whether Pods run on this release's test cluster (kwok), or stay Pending (1.20)."""
+    return "kube-scheduler" in kubernetes.components
+
+
+@pytest.fixture(scope="session")
+def kubectl(control_plane: ControlPlane, kubernetes: KubernetesRelease, kwok: Kwok | None) -> Kubectl:
     # kubectl supports a server one minor version away: the current release brings its own, 1.20 takes the one
     # from the registries (1.33, which still talks to it).
     own = kube_binaries(build=False, release=kubernetes) / "kubectl"
     tool = Kubectl(control_plane.kubeconfig, kube_tools_dir(), own if own.exists() else None)
-    tool.run("apply", "-f", str(CRD_DIR))
+    tool.run("apply", *kubernetes.kubectl_crd_flags, "-f", str(CRD_DIR))
     wait_for(
         lambda: '"Established"' in tool.run("get", "crd/inferenceservices.inferop.dev", "-o", "json").stdout,
         what="the CRD to be established",
@@ -166,3 +213,24 @@ def namespace(kubectl: Kubectl) -> Iterator[str]:
     kubectl.run("create", "namespace", name)
     yield name
     kubectl.run("delete", "namespace", name, "--wait=false", check=False)
+
+
+def condition(service: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    return next((c for c in ((service or {}).get("status") or {}).get("conditions", []) if c["type"] == kind), None)
+
+
+def env_of(deployment: dict[str, Any]) -> dict[str, str]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def manifest(name: str, **spec: Any) -> str:
+    """An InferenceService of the small example network, with `spec` fields laid over it."""
+    base = yaml.safe_load((EXAMPLES / "conv-net.yaml").read_text())
+    base["metadata"]["name"] = name
+    base["spec"].update(spec)
+    return yaml.safe_dump(base)
+
+
+def apply_text(kubectl: Kubectl, namespace: str, text: str) -> None:
+    kubectl.run("apply", "-n", namespace, "-f", "-", stdin=text)

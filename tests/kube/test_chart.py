@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from inferop_devtools.cluster.controlplane import ControlPlane
+from inferop_devtools.cluster.controlplane import ControlPlane, KubernetesRelease
 from inferop_operator.builders import CHILDREN
 from inferop_operator.cli import STOP_BOUND_SECONDS
 from inferop_operator.spec import GROUP, PLURAL
@@ -371,6 +371,9 @@ class TestCheckov:
         assert {c["check_id"] for c in report["results"]["failed_checks"]} == set(skips)
 
 
+# How helm 4 installs the chart on each release. Its default server-side apply of crds/ is refused by 1.20 (which
+# predates the CRD's x-kubernetes-validations, 1.23: "field not declared in schema"); a client-side install creates
+# the CRD and the apiserver drops the rules (the operator's Valid condition still refuses what they would).
 @dataclass
 class Release:
     name: str
@@ -386,7 +389,7 @@ def release(helm: Helm, kubectl: Kubectl, control_plane: ControlPlane, namespace
 
 class TestInstall:
     def test_install_upgrade_uninstall(
-        self, helm: Helm, kubectl: Kubectl, control_plane: ControlPlane, release: Release
+        self, helm: Helm, kubectl: Kubectl, control_plane: ControlPlane, release: Release, kubernetes: KubernetesRelease
     ) -> None:
         kubeconfig, ns, name = control_plane.kubeconfig, release.namespace, release.name
         fullname = f"{name}-inferop"
@@ -394,7 +397,7 @@ class TestInstall:
         assert crd_before is not None, "the kubectl fixture applies the CRD first"
 
         # No --wait: without a kubelet the operator's Pod stays Pending and would never become Ready.
-        result = helm.run("install", name, str(CHART), "-n", ns, kubeconfig=kubeconfig)
+        result = helm.run("install", name, str(CHART), "-n", ns, *kubernetes.helm_install_flags, kubeconfig=kubeconfig)
         assert "STATUS: deployed" in result.stdout
         assert "kubectl -n default apply -f operator/examples/conv-net.yaml" in result.stdout  # NOTES
         deployment = wait_for(lambda: kubectl.get("deployment", fullname, ns), what="operator Deployment")
@@ -433,3 +436,40 @@ class TestInstall:
         assert kubectl.get("clusterrole", f"{fullname}-scanning", "") is None
         # CRDs outlive the release (helm never deletes crds/), so InferenceServices are not lost with it.
         assert kubectl.get("crd", "inferenceservices.inferop.dev", "") is not None
+
+
+# Whether the release's apiserver runs PodSecurity admission (alpha in 1.22, on by default since 1.23, GA in 1.25):
+# on 1.20 a namespace's pod-security.kubernetes.io labels are only labels.
+ENFORCES_POD_SECURITY = {"1.20": False, "1.37": True}
+
+
+class TestPodSecurity:
+    def test_the_operator_pod_is_admitted_in_a_restricted_namespace(
+        self, helm: Helm, kubectl: Kubectl, control_plane: ControlPlane, release: Release, kubernetes: KubernetesRelease
+    ) -> None:
+        """The chart installs into a namespace that enforces the restricted Pod Security Standard, and its
+        ReplicaSet gets the operator's Pod created there, while a Pod without the hardening is refused."""
+        ns, name = release.namespace, release.name
+        kubectl.run("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
+        wait_for(lambda: kubectl.get("serviceaccount", "default", ns), what="the namespace's default ServiceAccount")
+        bare = kubectl.run("run", "bare", "-n", ns, "--image=busybox", "--restart=Never", check=False)
+        if ENFORCES_POD_SECURITY[kubernetes.name]:
+            assert bare.returncode != 0
+            assert 'pods "bare" is forbidden: violates PodSecurity "restricted:latest"' in bare.stderr, bare.stderr
+        else:
+            assert bare.returncode == 0, bare.stderr
+
+        helm.run(
+            "install", name, str(CHART), "-n", ns, *kubernetes.helm_install_flags, kubeconfig=control_plane.kubeconfig
+        )
+
+        def operator_pods() -> list[dict[str, Any]]:
+            selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=operator"
+            listed = kubectl.run("get", "pods", "-n", ns, "-l", selector, "-o", "json")
+            return list(json.loads(listed.stdout)["items"])
+
+        (pod,) = wait_for(operator_pods, what="the operator's Pod")
+        owner = pod["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"].startswith(f"{name}-inferop-")) == ("ReplicaSet", True)
+        events = json.loads(kubectl.run("get", "events", "-n", ns, "-o", "json").stdout)["items"]
+        assert [e["message"] for e in events if e["reason"] == "FailedCreate"] == []

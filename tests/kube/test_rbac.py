@@ -157,6 +157,7 @@ def install(helm: Helm, kubectl: Kubectl, control_plane: ControlPlane, tmp: Path
         "-n",
         installed.namespace,
         *values,
+        *control_plane.release.helm_install_flags,
         kubeconfig=control_plane.kubeconfig,
     )
     login(kubectl, control_plane, installed)

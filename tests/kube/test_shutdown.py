@@ -43,7 +43,7 @@ def plane(tmp_path: Path) -> Iterator[ControlPlane]:
 def running_operator(plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     """`inferop operator` reconciling the conv-net example on `plane`, with its log."""
     kubectl = Kubectl(plane.kubeconfig, kube_tools_dir())
-    kubectl.run("apply", "-f", str(CRD_DIR))
+    kubectl.run("apply", *plane.release.kubectl_crd_flags, "-f", str(CRD_DIR))
     wait_for(
         lambda: '"Established"' in kubectl.run("get", "crd/inferenceservices.inferop.dev", "-o", "json").stdout,
         what="the CRD to be established",

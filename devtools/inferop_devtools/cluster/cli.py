@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from inferop_devtools.cluster.controlplane import (
-    KUBERNETES_1_20,
+    KUBERNETES_1_37,
     KUBERNETES_RELEASES,
     ClusterError,
     ControlPlane,
@@ -38,9 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kubernetes",
         choices=list(KUBERNETES_RELEASES),
-        default=KUBERNETES_1_20.name,
-        help="the release `up` starts, its binaries built once by its script in scripts/ (1.20: "
-        "kube-binaries.sh, from Debian's source package; 1.37: kube-current.sh, from the Go module proxy); "
+        default=KUBERNETES_1_37.name,
+        help="the release `up` starts (default: the current one), its binaries built once by its script in "
+        "scripts/ (1.20: kube-binaries.sh, from Debian's source package; 1.37: kube-current.sh, from the Go module "
+        "proxy); "
         "down and status act on whichever release runs",
     )
 

@@ -48,6 +48,8 @@ SERVICE_CIDR = "10.96.0.0/12"
 # The `kubernetes` Service takes the range's first address; the serving certificate names it.
 KUBERNETES_SERVICE_IP = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+# The common name of the certificate the apiserver presents to aggregated API servers.
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 class ClusterError(InferopError, RuntimeError):
@@ -78,6 +80,11 @@ class KubernetesRelease:
     controller_manager_flags: tuple[str, ...]
     # $KUBEBUILDER_ASSETS names a directory, not a release: only 1.20, whose script always took it, uses it.
     honours_kubebuilder_assets: bool
+    # What applying the chart's CRD takes: before 1.23 kubectl's client-side check against the server's OpenAPI
+    # refuses its x-kubernetes-validations (the apiserver, given the CRD unchecked, drops them), and helm's
+    # server-side apply fails on them the same way.
+    kubectl_crd_flags: tuple[str, ...] = ()
+    helm_install_flags: tuple[str, ...] = ()
 
     @property
     def how_to_get_binaries(self) -> str:
@@ -95,6 +102,8 @@ KUBERNETES_1_20 = KubernetesRelease(
     apiserver_flags=("--insecure-port=0",),
     controller_manager_flags=("--port=0",),
     honours_kubebuilder_assets=True,
+    kubectl_crd_flags=("--validate=false",),
+    helm_install_flags=("--server-side=false",),
 )
 KUBERNETES_1_37 = KubernetesRelease(
     name="1.37",
@@ -202,6 +211,16 @@ def apiserver_command(release: KubernetesRelease, bin_dir: Path, layout: Layout,
         f"--service-account-signing-key-file={layout.pem('sa-key')}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--allow-privileged=true",
+        # The aggregation layer, as a real cluster has it: the apiserver proxies APIServices (e.g. a metrics
+        # adapter's custom.metrics.k8s.io) with the front proxy's client certificate, and the extension server
+        # trusts the user in its headers because that certificate is signed by the front-proxy CA.
+        f"--requestheader-client-ca-file={layout.pem('front-proxy-ca')}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={layout.pem('front-proxy-client')}",
+        f"--proxy-client-key-file={layout.pem('front-proxy-client-key')}",
         # The `kubernetes` Service's endpoints cannot hold a loopback address; nothing in-cluster needs them.
         "--endpoint-reconciler-type=none",
         "--profiling=false",
@@ -291,12 +310,13 @@ def openssl_extensions() -> str:
         f"[apiserver]\n{leaf}extendedKeyUsage = serverAuth\nsubjectAltName = {sans}\n"
         f"[admin]\n{leaf}extendedKeyUsage = clientAuth\n"
         f"[scheduler]\n{leaf}extendedKeyUsage = clientAuth\n"
+        f"[front-proxy-client]\n{leaf}extendedKeyUsage = clientAuth\n"
     )
 
 
 def openssl_commands(layout: Layout) -> list[list[str]]:
-    """A CA, the apiserver's serving certificate, admin and scheduler client certificates, a service-account key
-    pair.
+    """A CA, the apiserver's serving certificate, admin and scheduler client certificates, the front proxy's CA
+    and client certificate, a service-account key pair.
 
     Run in order, after `openssl_extensions()` is written to `pki/extensions.cnf`.
     """
@@ -307,10 +327,10 @@ def openssl_commands(layout: Layout) -> list[list[str]]:
         ec = ["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"]
         return ["openssl", "genpkey", *ec, "-out", f"{pki}/{name}.pem"]
 
-    def signed(name: str, subject: str) -> list[list[str]]:
-        """A key, a request, and a certificate signed by the CA with the `[name]` extensions."""
+    def signed(name: str, subject: str, by: str = "ca") -> list[list[str]]:
+        """A key, a request, and a certificate signed by the CA `by` with the `[name]` extensions."""
         key_file, csr, cert = f"{pki}/{name}-key.pem", f"{pki}/{name}.csr", f"{pki}/{name}.pem"
-        ca = ["-CA", f"{pki}/ca.pem", "-CAkey", f"{pki}/ca-key.pem", "-CAcreateserial", "-days", "3650"]
+        ca = ["-CA", f"{pki}/{by}.pem", "-CAkey", f"{pki}/{by}-key.pem", "-CAcreateserial", "-days", "3650"]
         extensions = ["-extfile", f"{pki}/extensions.cnf", "-extensions", name]
         return [
             key(f"{name}-key"),
@@ -318,15 +338,29 @@ def openssl_commands(layout: Layout) -> list[list[str]]:
             ["openssl", "x509", "-req", "-in", csr, *ca, *extensions, "-out", cert],
         ]
 
-    self_signed = ["openssl", "req", "-x509", "-new", "-key", f"{pki}/ca-key.pem", "-subj", "/CN=inferop-ca"]
+    def authority(name: str) -> list[list[str]]:
+        self_signed = [
+            "openssl",
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            f"{pki}/{name}-key.pem",
+            "-subj",
+            f"/CN=inferop-{name}",
+        ]
+        return [key(f"{name}-key"), [*self_signed, "-days", "3650", "-out", f"{pki}/{name}.pem"]]
+
     return [
-        key("ca-key"),
-        [*self_signed, "-days", "3650", "-out", f"{pki}/ca.pem"],
+        *authority("ca"),
         *signed("apiserver", "/CN=kube-apiserver"),
         # Kubernetes maps the certificate's O to groups: system:masters is bound to cluster-admin.
         *signed("admin", "/O=system:masters/CN=inferop-admin"),
         # The user the built-in RBAC binds to the role system:kube-scheduler.
         *signed("scheduler", "/CN=system:kube-scheduler"),
+        # A CA of its own, as kubeadm makes: a certificate of the cluster CA must not pass as the front proxy.
+        *authority("front-proxy-ca"),
+        *signed(FRONT_PROXY_CLIENT, f"/CN={FRONT_PROXY_CLIENT}", by="front-proxy-ca"),
         key("sa-key"),
         ["openssl", "pkey", "-in", f"{pki}/sa-key.pem", "-pubout", "-out", f"{pki}/sa-pub.pem"],
     ]
@@ -447,7 +481,7 @@ def stop_process(pid: int, executable: str, timeout: float = 10.0) -> None:
     raise ClusterError(f"{executable} (pid {pid}) survived SIGKILL")
 
 
-def _insecure_context() -> ssl.SSLContext:
+def insecure_context() -> ssl.SSLContext:
     """For the controller-manager's and scheduler's health endpoints, served with certificates they made up."""
     context = ssl.create_default_context()
     context.check_hostname = False
@@ -612,10 +646,10 @@ class ControlPlane:
             "etcd": lambda: http_get(f"http://127.0.0.1:{ports.etcd_client}/health")[0] == 200,
             "kube-apiserver": lambda: self.api_get("/readyz")[0] == 200,
             "kube-controller-manager": lambda: (
-                http_get(f"https://127.0.0.1:{ports.controller_manager}/healthz", _insecure_context())[0] == 200
+                http_get(f"https://127.0.0.1:{ports.controller_manager}/healthz", insecure_context())[0] == 200
             ),
             "kube-scheduler": lambda: (
-                http_get(f"https://127.0.0.1:{ports.scheduler}/healthz", _insecure_context())[0] == 200
+                http_get(f"https://127.0.0.1:{ports.scheduler}/healthz", insecure_context())[0] == 200
             ),
         }
 

@@ -67,7 +67,7 @@ class DrillCluster:
             "KUBECONFIG": str(self.plane.kubeconfig),
             "PATH": f"{self.tools}{os.pathsep}{os.environ['PATH']}",
         }
-        self.kubectl("apply", "-f", str(CRD_DIR))
+        self.kubectl("apply", *self.plane.release.kubectl_crd_flags, "-f", str(CRD_DIR))
         self.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
         self.api = config.new_client_from_config(str(self.plane.kubeconfig))
         return self

@@ -1,0 +1,185 @@
+"""An HPA the operator rendered scales the Triton Deployment out under load and back in when the load stops, on
+Triton's queue metrics, end to end on the current release:
+
+    load -> tritonserver -> Prometheus (scrapes it once per Running pod of the service, labelled with that pod's
+    namespace and name, as a PodMonitor would) -> prometheus-adapter with the chart's metricsAdapter rules ->
+    custom.metrics.k8s.io through the apiserver's aggregation layer -> the HPA controller of
+    kube-controller-manager -> the Deployment's scale -> kwok runs the new pods -> Prometheus scrapes them too.
+
+One local tritonserver stands in for every pod of the service, so all of them report its queue. 1.20 runs no
+kube-scheduler here, so no pod runs there and the test is for the current release only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from inferop.prometheus import Prometheus, render_chart
+from inferop_devtools.cluster.addons import Kwok, MetricsAdapter, PodTargets
+from inferop_devtools.cluster.controlplane import ControlPlane
+from inferop_operator.builders import POD_METRICS
+from tests.conftest import SERVE_EXTRA
+from tests.kube.conftest import Kubectl, apply_text, manifest, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("operator")]
+
+# Short enough for a test, long enough for a rate: ten scrapes at Prometheus' 1 s.
+RATE_WINDOW = "10s"
+MAX_REPLICAS = 3
+# Callers that keep the model busy: each sends its next request when the last one returns.
+CALLERS = 16
+# The HPA controller acts every 15 s (kube-controller-manager's default); a scale takes up to a few of its
+# periods after the metric moved, plus the rate window.
+SCALE_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    triton: Any  # inferop.serving.tritonserver.TritonServer
+    targets: Path  # the file_sd file Prometheus reads
+    kubeconfig: Path
+
+
+def adapter_config() -> dict[str, Any]:
+    """prometheus-adapter's --config as the chart renders it with metricsAdapter on."""
+    rendered = render_chart("--set", "metricsAdapter.enabled=true", "--set", f"metricsAdapter.rateWindow={RATE_WINDOW}")
+    config_maps = [doc for doc in yaml.safe_load_all(rendered) if doc and doc["kind"] == "ConfigMap"]
+    (rules,) = [doc for doc in config_maps if doc["metadata"]["name"].endswith("-metrics-adapter")]
+    config: dict[str, Any] = yaml.safe_load(rules["data"]["config.yaml"])
+    return config
+
+
+@pytest.fixture(scope="module")
+def pipeline(
+    control_plane: ControlPlane, kwok: Kwok | None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Pipeline]:
+    if kwok is None:
+        pytest.skip("no Pod runs on this release here (no kube-scheduler for kwok), so nothing can scale")
+    pytest.importorskip("pytriton", reason=SERVE_EXTRA)
+    from inferop.serving.tritonserver import TritonServer, free_port
+    from inferop_export.exporter import export_model
+    from inferop_export.networks.conv_net import conv_net
+    from inferop_operator.spec import parse_serving
+
+    workdir = tmp_path_factory.mktemp("autoscaling")
+    # One instance, one thread, small batches: a few callers queue up behind it.
+    serving = {
+        "instances": 1,
+        "threads": {"intraOp": 1, "interOp": 1},
+        "batching": {"maxBatchSize": 2, "maxQueueDelayMicroseconds": 0, "maxQueueSize": 64},
+        "timeouts": {"requestSeconds": 10.0},
+    }
+    export_model(conv_net(), workdir / "repo", serving=parse_serving(serving), quiet=True)
+    targets = workdir / "pods.json"
+    with (
+        TritonServer(workdir / "repo", http_port=free_port()) as triton,
+        Prometheus([], job="triton", file_sd=targets) as prometheus,
+        MetricsAdapter(control_plane.kubeconfig, workdir, prometheus.url, adapter_config()),
+    ):
+        yield Pipeline(triton=triton, targets=targets, kubeconfig=control_plane.kubeconfig)
+
+
+class Load:
+    """`CALLERS` threads calling the model back to back until stopped."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.stopped = threading.Event()
+        self.threads = [threading.Thread(target=self._call, daemon=True) for _ in range(CALLERS)]
+        self.answered = 0
+
+    def _call(self) -> None:
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(self.url, network_timeout=30)
+        board = httpclient.InferInput("board", [1, 1, 8, 7], "FP32")
+        board.set_data_from_numpy(np.zeros((1, 1, 8, 7), dtype=np.float32))
+        try:
+            while not self.stopped.is_set():
+                client.infer("conv_net", [board])
+                self.answered += 1
+        finally:
+            client.close()
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join()
+
+
+def replicas(kubectl: Kubectl, namespace: str, name: str) -> tuple[int, int]:
+    """The Deployment's (wanted, ready) replicas."""
+    deployment = kubectl.get("deployment", name, namespace) or {}
+    return deployment.get("spec", {}).get("replicas", 0), deployment.get("status", {}).get("readyReplicas", 0)
+
+
+def hpa_metric(kubectl: Kubectl, namespace: str, name: str) -> str | None:
+    """The value of the Pods metric the HPA last read, as it reports it; None before it read one."""
+    hpa = kubectl.get("hpa.v2.autoscaling", name, namespace) or {}
+    for metric in hpa.get("status", {}).get("currentMetrics") or []:
+        value = (metric.get("pods") or {}).get("current", {}).get("averageValue")
+        if value is not None:
+            return str(value)
+    return None
+
+
+@pytest.mark.parametrize(("metric", "target"), [("queueTime", 2_000), ("pendingRequests", 2)])
+def test_the_hpa_scales_out_under_load_and_back_in_after_it(
+    metric: str, target: int, pipeline: Pipeline, kubectl: Kubectl, namespace: str, measured: Callable[[str], None]
+) -> None:
+    name = "scaled"
+    autoscaling = {
+        "minReplicas": 1,
+        "maxReplicas": MAX_REPLICAS,
+        "metric": metric,
+        "target": target,
+        "scaleDownStabilizationSeconds": 0,
+    }
+    apply_text(kubectl, namespace, manifest(name, autoscaling=autoscaling))
+    selector = f"app.kubernetes.io/instance={name}"
+    address = f"127.0.0.1:{pipeline.triton.metrics_port}"
+    with PodTargets(pipeline.kubeconfig, namespace, selector, address, pipeline.targets):
+        # Idle: one pod runs, and the HPA reads the metric through the adapter (0: nothing waits).
+        wait_for(lambda: replicas(kubectl, namespace, name) == (1, 1), what="one ready pod")
+        idle = wait_for(lambda: hpa_metric(kubectl, namespace, name), timeout=SCALE_TIMEOUT, what="the HPA's metric")
+        assert float(idle.rstrip("m")) == 0, f"{POD_METRICS[metric]} idle: {idle}"
+
+        started = time.monotonic()
+        with Load(pipeline.triton.url) as load:
+            wait_for(
+                lambda: replicas(kubectl, namespace, name) == (MAX_REPLICAS, MAX_REPLICAS),
+                timeout=SCALE_TIMEOUT,
+                interval=0.5,
+                what=f"scale-out to {MAX_REPLICAS} on {metric}",
+            )
+            scaled_out = time.monotonic() - started
+            loaded = hpa_metric(kubectl, namespace, name)
+            answered = load.answered
+        stopped = time.monotonic()
+        wait_for(
+            lambda: replicas(kubectl, namespace, name) == (1, 1),
+            timeout=SCALE_TIMEOUT,
+            interval=0.5,
+            what=f"scale-in to 1 on {metric}",
+        )
+        scaled_in = time.monotonic() - stopped
+    assert answered > 0
+    measured(
+        f"1 -> {MAX_REPLICAS} pods in {scaled_out:.1f} s under load ({CALLERS} callers, "
+        f"{POD_METRICS[metric]} read {loaded} against target {target}), {MAX_REPLICAS} -> 1 in {scaled_in:.1f} s "
+        "after it stopped"
+    )
