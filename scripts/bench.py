@@ -1,7 +1,8 @@
 """`make bench`: the speed and memory targets, measured in one run and printed as ratios.
 
 Serving (Inception V3): images/s through the local Triton against ONNX Runtime in-process with the same
-threads, and against this machine's fp32 ceiling (MACs x 2 / a measured large-matmul FLOP rate).
+threads, and against this machine's fp32 ceiling (MACs x 2 / a measured large-matmul FLOP rate); int8 (the
+exporter's quantization) through Triton against fp32, with its accuracy gate's agreement beside it.
 Operator: time from `kubectl apply` to the Deployment existing (p50 of 20), time for 100 services
 applied at once to converge, and the operator's resident memory.
 """
@@ -90,6 +91,7 @@ def serving_bench(seconds: float) -> dict[str, Any]:
     with TritonServer(REPO, http_port=free_port()) as server:
         batched = bench.sweep(server.url, "inception_v3", [2], seconds, batch=batch)[0]
         single = bench.sweep(server.url, "inception_v3", [2 * batch], seconds, batch=1)[0]
+    int8 = int8_bench(model_dir, batch, seconds)
     return {
         "cpus": cpus,
         "threads": {"intraOp": intra, "interOp": inter},
@@ -101,7 +103,44 @@ def serving_bench(seconds: float) -> dict[str, Any]:
         "triton_batch1_images_per_s": round(single.throughput, 2),
         "triton_batch1_mean_batch": round(single.mean_batch, 2),
         "triton_batch1_p99_ms": round(single.p99_ms, 1),
-        "errors": batched.errors + single.errors,
+        "errors": batched.errors + single.errors + int8.pop("errors"),
+        "int8": int8,
+    }
+
+
+def int8_bench(model_dir: Path, batch: int, seconds: float) -> dict[str, Any]:
+    """The served fp32 model quantized as `inferop export --precision int8` does (same seeds), its accuracy gate
+    run, and the int8 file served in a copy of the model directory (same config) at concurrency 2 x batch 8. The
+    figures are measured whether or not the gate passes: export would not write a failing model."""
+    import shutil
+
+    import onnx
+
+    from inferop import bench
+    from inferop.serving.tritonserver import TritonServer, free_port
+    from inferop_export.networks.inception_v3 import inception_v3
+    from inferop_export.precision import quantize_int8, run_gate
+    from inferop_export.signature import read_signature
+
+    source = inception_v3()
+    assert source.gate is not None
+    fp32 = model_dir / "1" / "model.onnx"
+    signature = read_signature(onnx.load(str(fp32)), source.overrides)
+    with tempfile.TemporaryDirectory(prefix="inferop-bench-int8-") as work:
+        repo = Path(work) / "repo"
+        shutil.copytree(model_dir, repo / model_dir.name)
+        int8 = repo / model_dir.name / "1" / "model.onnx"
+        print("int8: quantizing, then its accuracy gate on 1,000 held-out inputs ...", flush=True)
+        quantize_int8(fp32, int8, source, signature, seed=3)
+        gate = run_gate("int8", fp32, int8, source, signature, source.gate, seed=4)
+        print("int8: local tritonserver, concurrency 2 x batch 8 ...", flush=True)
+        with TritonServer(repo, http_port=free_port()) as server:
+            served = bench.sweep(server.url, model_dir.name, [2], seconds, batch=batch)[0]
+    return {
+        "triton_batch8_images_per_s": round(served.throughput, 2),
+        "gate": gate.as_dict(),
+        "gate_failures": gate.failures,
+        "errors": served.errors,
     }
 
 
@@ -237,6 +276,15 @@ def report_lines(results: dict[str, Any]) -> list[str]:
             f"  (dynamic batches of {s['triton_batch1_mean_batch']}, p99 {s['triton_batch1_p99_ms']} ms)",
             f"  ratio Triton / ONNX Runtime in-process: {best / s['onnxruntime_images_per_s']:.2f}  (target >= 0.85)",
             f"  ratio Triton / fp32 ceiling:            {best / s['ceiling_images_per_s']:.2f}  (target >= 0.75)",
+        ]
+        int8 = s["int8"]
+        agreement = ", ".join(f"{k} top-1 agreement {v:.1%}" for k, v in int8["gate"]["agreement"].items())
+        verdict = "passes its gate" if int8["gate"]["passed"] else f"FAILS its gate: {'; '.join(int8['gate_failures'])}"
+        lines += [
+            f"  int8, Triton, batch 8 x 2 {int8['triton_batch8_images_per_s']:>7.2f} images/s",
+            f"  ratio int8 / fp32 through Triton:       "
+            f"{int8['triton_batch8_images_per_s'] / s['triton_batch8_images_per_s']:.2f}  (target >= 2.2)",
+            f"  int8 against fp32 on {int8['gate']['samples']} held-out images: {agreement}; {verdict}",
             f"  errors: {s['errors']}",
         ]
     if "operator" in results:

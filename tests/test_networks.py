@@ -40,6 +40,15 @@ class TestPolicyValueNet:
             empty, full = net(torch.zeros(1, 1, 4, 4)), net(torch.ones(1, 1, 4, 4))
         assert not torch.equal(empty[0], full[0])
 
+    def test_the_default_depth_still_tells_boards_apart(self) -> None:
+        """Ten layers deep with PyTorch's default initialisation every board got the same policy to 1e-7."""
+        module = conv_net().module
+        boards = torch.randint(-1, 2, (64, 1, 8, 7), generator=torch.Generator().manual_seed(1)).float()
+        with torch.no_grad():
+            policy, value = module(boards)
+        assert len(set(policy.argmax(dim=1).tolist())) >= 3
+        assert float(policy.std(dim=0).mean()) > 1e-2 and float(value.std()) > 1e-2
+
     @pytest.mark.parametrize("flag", ["rows", "cols", "depth", "hidden", "moves"])
     @pytest.mark.parametrize("bad", [0, -3])
     def test_bad_size_names_the_flag(self, flag: str, bad: int) -> None:

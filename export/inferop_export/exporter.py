@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +26,7 @@ import onnx
 from inferop.errors import InferopError
 from inferop.threads import local_cpus
 from inferop.tritonconfig import DYNAMIC_DIM, MODEL_FILENAME, ServingConfig, render_model_config
+from inferop_export.precision import GateResult, check_precision, quantize_int8, run_gate
 from inferop_export.profile import ModelProfile, profile_onnx
 from inferop_export.signature import Signature, read_signature
 from inferop_export.sources import Inputs, OnnxFile, TorchModule
@@ -54,6 +57,8 @@ class ExportReport:
     profile: ModelProfile
     serving: ServingConfig
     spec: InferenceServiceSpec  # what was planned for this machine; manifests start from it
+    precision: str = "fp32"
+    gate: GateResult | None = None  # how a reduced precision kept fp32's answers; None for fp32
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -68,6 +73,8 @@ class ExportReport:
             "tolerance": self.tolerance,
             "profile": self.profile.as_dict(),
             "serving": self.serving.model_dump(mode="json"),
+            "precision": self.precision,
+            "gate": self.gate.as_dict() if self.gate else None,
             "notes": self.notes,
             "seconds": self.seconds,
         }
@@ -99,40 +106,71 @@ def export_model(
     seed: int = 0,
     quiet: bool = False,
     storage_uri: str | None = None,
+    precision: str = "fp32",
 ) -> ExportReport:
     """Export, verify and write the Triton model directory; raise VerificationError if a check fails.
 
     The config is what the operator would render for `serving` on a pod with this machine's CPUs: threads
-    derived from them unless set, the queue bound from the capacity measured here unless set."""
+    derived from them unless set, the queue bound from the capacity measured here unless set. A reduced
+    `precision` is made from the verified fp32 file and served only if it passes the source's accuracy gate."""
+    check_precision(precision, source.gate, source.name)
     serving = serving or Serving()
     model_dir = repo / source.name
     model_path = model_dir / "1" / MODEL_FILENAME
-    model_path.parent.mkdir(parents=True, exist_ok=True)
-    progress = Progress(total=6, quiet=quiet)
+    reduced = precision != "fp32"
+    if not reduced:
+        model_path.parent.mkdir(parents=True, exist_ok=True)
+    progress = Progress(total=8 if reduced else 6, quiet=quiet)
+    with tempfile.TemporaryDirectory(prefix="inferop-export-") as work:
+        # A reduced precision starts from fp32 beside the repository: nothing is written there unless it passes.
+        fp32_path = Path(work) / MODEL_FILENAME if reduced else model_path
+        with progress.step(f"writing {source.name} as ONNX"):
+            source.write_onnx(fp32_path, serving.batching.max_batch_size, seed)
+        with progress.step("onnx.checker"):
+            try:
+                onnx.checker.check_model(str(fp32_path), full_check=True)
+            except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
+                reason = " ".join(str(error).split())[:500]
+                raise VerificationError(f"{source.name}: onnx.checker refuses the model: {reason}") from None
+        model = onnx.load(str(fp32_path))
+        session = onnxruntime_session(fp32_path, model)
+        signature = read_signature(model, source.overrides)
+        notes = list(signature.notes)
+        if not signature.batched and serving.batching.max_batch_size:
+            batching = serving.batching.model_copy(update={"max_batch_size": 0})
+            serving = serving.model_copy(update={"batching": batching})
+        batch = serving.batching.samples_per_batch
 
-    with progress.step(f"writing {source.name} as ONNX"):
-        source.write_onnx(model_path, serving.batching.max_batch_size, seed)
-    with progress.step("onnx.checker"):
-        try:
-            onnx.checker.check_model(str(model_path), full_check=True)
-        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
-            reason = " ".join(str(error).split())[:500]
-            raise VerificationError(f"{source.name}: onnx.checker refuses the model: {reason}") from None
-    model = onnx.load(str(model_path))
-    session = onnxruntime_session(model_path, model)
-    signature = read_signature(model, source.overrides)
-    notes = list(signature.notes)
-    if not signature.batched and serving.batching.max_batch_size:
-        serving = serving.model_copy(update={"batching": serving.batching.model_copy(update={"max_batch_size": 0})})
-    batch = serving.batching.samples_per_batch
-
+        with progress.step("ONNX Runtime against the source"):
+            fp32_profile = profile_onnx(model, parameters=source.parameters, input_shapes=_profile_shapes(signature))
+            comparison = compare_with_source(source, session, fp32_path, signature, fp32_profile, seed)
+        parity, against = comparison.parity, comparison.against
+        failed = [p for p in parity if p["maxAbsDiff"] > source.tolerance]
+        if failed:
+            details = ", ".join(f"batch {p['batch']} {p['output']}: {p['maxAbsDiff']:.3g}" for p in failed)
+            raise VerificationError(
+                f"{source.name}: ONNX Runtime differs from {against} beyond tolerance {source.tolerance:g} ({details})"
+            )
+        if not parity:
+            notes.append(f"outputs not compared: {against}")
+        gate = None
+        if reduced:
+            assert source.gate is not None  # check_precision refused it otherwise
+            int8_path = Path(work) / f"{precision}.onnx"
+            with progress.step(f"{precision}: static quantization, calibrated on generated inputs"):
+                quantize_int8(fp32_path, int8_path, source, signature, seed + 3)
+            with progress.step(f"{precision}: accuracy gate against fp32"):
+                gate = run_gate(precision, fp32_path, int8_path, source, signature, source.gate, seed + 4)
+            if not gate.passed:
+                raise VerificationError(
+                    f"{source.name}: {precision} fails its accuracy gate ({'; '.join(gate.failures)}); "
+                    f"{gate.describe()}. Nothing was written: export it as fp32"
+                )
+            model_path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(int8_path, model_path)
+            model = onnx.load(str(model_path))
     with progress.step("profile"):
         profile = profile_onnx(model, parameters=source.parameters, input_shapes=_profile_shapes(signature))
-    with progress.step("ONNX Runtime against the source"):
-        comparison = compare_with_source(source, session, model_path, signature, profile, seed)
-    parity, against = comparison.parity, comparison.against
-    if not parity:
-        notes.append(f"outputs not compared: {against}")
     with progress.step(f"capacity: ONNX Runtime, one thread, batch {batch}"):
         rate = measure_capacity(source, model_path, signature, batch, seed)
     # An output whose size varies has no bytes in its dims: the memory estimate takes what was measured.
@@ -179,15 +217,11 @@ def export_model(
         profile=profile,
         serving=plan.serving,
         spec=spec,
+        precision=precision,
+        gate=gate,
         notes=notes,
         seconds=progress.seconds,
     )
-    failed = [p for p in parity if p["maxAbsDiff"] > source.tolerance]
-    if failed:
-        details = ", ".join(f"batch {p['batch']} {p['output']}: {p['maxAbsDiff']:.3g}" for p in failed)
-        raise VerificationError(
-            f"{source.name}: ONNX Runtime differs from {against} beyond tolerance {source.tolerance:g} ({details})"
-        )
     return report
 
 

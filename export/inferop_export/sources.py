@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -24,6 +24,9 @@ from inferop.errors import InferopError
 from inferop.processing import Processing
 from inferop.tritonconfig import TensorSpec
 from inferop_export.signature import InputFlag, Signature, generated_inputs
+
+if TYPE_CHECKING:
+    from inferop_export.precision import Gate
 
 # Largest batch the exported graph accepts, as a multiple of maxBatchSize: torch.export needs a bound.
 BATCH_HEADROOM = 64
@@ -53,6 +56,7 @@ class TorchModule:
     output_names: tuple[str, ...] | None = None  # None: "output", or "output_0"... for several
     labels: list[str] | None = None  # class names for the first output (Triton's classification extension)
     processing: Processing | None = None  # how callers make inputs and read outputs; None: plain tensors
+    gate: Gate | None = None  # what a reduced precision must keep of fp32's answers; None: fp32 only
 
     overrides: dict[str, InputFlag] = field(default_factory=dict)  # a module's inputs are fixed by `inputs`
 
@@ -126,6 +130,7 @@ class OnnxFile:
     overrides: dict[str, InputFlag] = field(default_factory=dict)
     labels: list[str] | None = None
     processing: Processing | None = None
+    gate: Gate | None = None  # a user's file has none: it is served as it is
 
     @property
     def weights(self) -> str:

@@ -12,6 +12,7 @@ from torch import nn
 from inferop.processing import Processing
 from inferop.tritonconfig import TensorSpec, random_weights
 from inferop_export.networks import NetworkContract
+from inferop_export.precision import Gate
 from inferop_export.sources import SourceError, TorchModule, file_weights
 
 INCEPTION_SIZE = 299
@@ -114,6 +115,7 @@ def inception_v3(weights: Path | None = None, seed: int = 0) -> TorchModule:
         weights=random_weights(seed) if weights is None else file_weights(weights),
         labels=inception_categories(),
         processing=PROCESSING,
+        gate=Gate(top1=("logits",)),
     )
 
 

@@ -1,0 +1,180 @@
+"""Reduced precision at export, behind an accuracy gate.
+
+int8 is ONNX Runtime's static quantization: QDQ format (QuantizeLinear/DequantizeLinear pairs that ONNX Runtime
+fuses into int8 kernels), int8 weights per output channel, uint8 activations with ranges calibrated on inputs the
+source generates. The quantized model is then run beside the fp32 one on held-out inputs (another seed): a
+model that does not keep fp32's answers as its gate says is not written.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from inferop.errors import InferopError
+from inferop_export.signature import Signature
+
+if TYPE_CHECKING:  # the sources import torch; `inferop export --help` needs only PRECISIONS
+    from inferop_export.sources import Inputs, OnnxFile, TorchModule
+
+    Source = TorchModule | OnnxFile
+
+# bf16 is not offered: ONNX Runtime refuses a Conv on bfloat16 tensors at load (README, "Reduced precision");
+# fp16 is for GPUs.
+PRECISIONS = ("fp32", "int8")
+CALIBRATION_SAMPLES = 64
+GATE_SAMPLES = 1000
+GATE_BATCH = 50
+
+
+class PrecisionError(InferopError, ValueError):
+    """A precision cannot be given to this model (unknown, no gate, calibration inputs of the wrong shape)."""
+
+
+class GateFailed(InferopError, RuntimeError):
+    """The reduced-precision model lost too much of fp32's answers; the message has the numbers."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What a reduced-precision model must keep of fp32's answers on held-out inputs: for each output in `top1`,
+    the same argmax (over its last axis) in at least `min_agreement` of the samples; for each output in
+    `max_abs_diff`, every value within that of fp32's."""
+
+    top1: tuple[str, ...] = ()
+    min_agreement: float = 0.99
+    max_abs_diff: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GateResult:
+    precision: str
+    samples: int
+    agreement: dict[str, float]  # output -> share of samples whose argmax agrees
+    max_abs_diff: dict[str, float]  # output -> largest |reduced - fp32|
+    gate: Gate
+
+    @property
+    def failures(self) -> list[str]:
+        failed = [
+            f"{name}: top-1 agreement {share:.1%} < {self.gate.min_agreement:.0%}"
+            for name, share in self.agreement.items()
+            if share < self.gate.min_agreement
+        ]
+        failed += [
+            f"{name}: max |diff| {diff:.4g} >= {self.gate.max_abs_diff[name]:g}"
+            for name, diff in self.max_abs_diff.items()
+            if diff >= self.gate.max_abs_diff[name]
+        ]
+        return failed
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def describe(self) -> str:
+        parts = [f"{name} top-1 agreement {share:.1%}" for name, share in self.agreement.items()]
+        parts += [f"{name} max |diff| {diff:.4g}" for name, diff in self.max_abs_diff.items()]
+        return f"{self.precision} against fp32 on {self.samples} held-out inputs: {', '.join(parts)}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "precision": self.precision,
+            "samples": self.samples,
+            "agreement": self.agreement,
+            "maxAbsDiff": self.max_abs_diff,
+            "passed": self.passed,
+        }
+
+
+def check_precision(precision: str, gate: Gate | None, name: str) -> None:
+    """Refuse what cannot be exported before any work is done."""
+    if precision not in PRECISIONS:
+        raise PrecisionError(f"--precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if precision != "fp32" and gate is None:
+        raise PrecisionError(
+            f"--precision {precision}: {name} has no accuracy gate (built-in networks have one); export it as fp32"
+        )
+
+
+def _samples(source: Source, signature: Signature, count: int, batch: int, seed: int) -> Iterator[Inputs]:
+    rng = np.random.default_rng(seed)
+    for start in range(0, count, batch):
+        yield source.inputs_for(signature, min(batch, count - start), rng)
+
+
+def _check_shapes(inputs: Inputs, signature: Signature, batch: int) -> None:
+    for spec, array in zip(signature.inputs, inputs, strict=True):
+        want = signature.shape(spec, batch)
+        if list(array.shape) != want:
+            raise PrecisionError(
+                f"calibration input {spec.name!r} has shape {list(array.shape)}; the model takes {want}"
+            )
+
+
+class _Calibration:
+    """ONNX Runtime's CalibrationDataReader over generated inputs, one sample at a time."""
+
+    def __init__(self, source: Source, signature: Signature, count: int, seed: int) -> None:
+        self.signature = signature
+        self.batches = _samples(source, signature, count, 1, seed)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        inputs = next(self.batches, None)
+        if inputs is None:
+            return None
+        _check_shapes(inputs, self.signature, 1)
+        return {spec.name: array for spec, array in zip(self.signature.inputs, inputs, strict=True)}
+
+    def rewind(self) -> None:
+        raise NotImplementedError  # read once
+
+
+def quantize_int8(fp32: Path, target: Path, source: Source, signature: Signature, seed: int) -> None:
+    """`target`: `fp32` statically quantized to int8 (QDQ, per-channel weights), calibrated on
+    CALIBRATION_SAMPLES generated inputs."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(_Calibration, CalibrationDataReader):
+        pass
+
+    with tempfile.TemporaryDirectory(prefix="inferop-quantize-") as work:
+        prepared = Path(work) / "prepared.onnx"
+        quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)
+        quantize_static(
+            str(prepared),
+            str(target),
+            Reader(source, signature, CALIBRATION_SAMPLES, seed),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+        )
+
+
+def run_gate(
+    precision: str, fp32: Path, reduced: Path, source: Source, signature: Signature, gate: Gate, seed: int
+) -> GateResult:
+    """Both models on GATE_SAMPLES held-out inputs (a seed calibration never saw)."""
+    import onnxruntime as ort
+
+    sessions = [ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]) for path in (fp32, reduced)]
+    names = [t.name for t in signature.outputs]
+    agree = dict.fromkeys(gate.top1, 0)
+    worst = dict.fromkeys(gate.max_abs_diff, 0.0)
+    for inputs in _samples(source, signature, GATE_SAMPLES, GATE_BATCH, seed):
+        feeds = {spec.name: array for spec, array in zip(signature.inputs, inputs, strict=True)}
+        want, got = ({n: o for n, o in zip(names, s.run(names, feeds), strict=True)} for s in sessions)
+        for name in gate.top1:
+            agree[name] += int(np.sum(np.argmax(want[name], axis=-1) == np.argmax(got[name], axis=-1)))
+        for name in gate.max_abs_diff:
+            diff = np.abs(want[name].astype(np.float64) - got[name].astype(np.float64))
+            worst[name] = max(worst[name], float(np.max(diff)))
+    shares = {name: count / GATE_SAMPLES for name, count in agree.items()}
+    return GateResult(precision, GATE_SAMPLES, shares, worst, gate)

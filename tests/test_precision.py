@@ -1,0 +1,100 @@
+"""Reduced precision at export: int8 by ONNX Runtime's static quantization behind an accuracy gate, on the tiny
+conv net (real export, real quantization, real ONNX Runtime)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from inferop.tritonconfig import TensorSpec
+from inferop_export.exporter import VerificationError, export_model
+from inferop_export.networks.conv_net import conv_net
+from inferop_export.precision import (
+    GATE_SAMPLES,
+    PRECISIONS,
+    Gate,
+    GateResult,
+    PrecisionError,
+    _Calibration,
+    check_precision,
+)
+from inferop_export.signature import Signature
+from inferop_export.sources import OnnxFile
+from tests.conftest import TINY
+
+# A gate any int8 rendering of the tiny net passes, to follow a passing export to the end.
+LENIENT = Gate(top1=("policy",), min_agreement=0.5, max_abs_diff={"value": 100.0})
+
+
+def test_an_unknown_precision_names_the_choices() -> None:
+    with pytest.raises(PrecisionError, match=r"--precision 'bf16': choose one of fp32, int8"):
+        check_precision("bf16", LENIENT, "conv_net")
+
+
+def test_a_model_without_a_gate_is_served_as_fp32_only(tmp_path: Path) -> None:
+    source = OnnxFile("mine", tmp_path / "mine.onnx")
+    check_precision("fp32", source.gate, source.name)
+    with pytest.raises(PrecisionError, match="mine has no accuracy gate"):
+        export_model(source, tmp_path / "repo", quiet=True, precision="int8")
+    assert not (tmp_path / "repo").exists()
+
+
+def test_calibration_inputs_of_the_wrong_shape_name_both_shapes() -> None:
+    signature = Signature((TensorSpec(name="board", dims=(1, 6, 5)),), (), batched=True)
+    source = dataclasses.replace(conv_net(**TINY), make_input=lambda batch, rng: (np.zeros((batch, 1, 5, 6)),))
+    with pytest.raises(PrecisionError, match=r"'board' has shape \[1, 1, 5, 6\]; the model takes \[1, 1, 6, 5\]"):
+        _Calibration(source, signature, count=4, seed=0).get_next()
+
+
+def test_a_gate_lists_every_shortfall_with_its_numbers() -> None:
+    gate = Gate(top1=("policy",), max_abs_diff={"value": 0.02})
+    result = GateResult("int8", 1000, {"policy": 0.954}, {"value": 0.2347}, gate)
+    assert not result.passed
+    assert result.failures == ["policy: top-1 agreement 95.4% < 99%", "value: max |diff| 0.2347 >= 0.02"]
+    assert GateResult("int8", 1000, {"policy": 0.995}, {"value": 0.01}, gate).passed
+
+
+def test_int8_that_keeps_the_gate_is_served_smaller_with_its_agreement(tmp_path: Path) -> None:
+    fp32 = export_model(conv_net(**TINY), tmp_path / "fp32", quiet=True)
+    report = export_model(
+        dataclasses.replace(conv_net(**TINY), gate=LENIENT), tmp_path / "int8", quiet=True, precision="int8"
+    )
+    model = onnx.load(report.model_path)
+    assert {"QuantizeLinear", "DequantizeLinear"} <= {node.op_type for node in model.graph.node}
+    assert {t.data_type for t in model.graph.initializer} >= {onnx.TensorProto.INT8}
+    assert report.profile.weight_bytes < fp32.profile.weight_bytes / 2
+    assert report.profile.macs_per_sample == fp32.profile.macs_per_sample
+    assert report.precision == "int8" and report.gate is not None and report.gate.samples == GATE_SAMPLES
+    assert set(report.gate.agreement) == {"policy"} and 0.5 <= report.gate.agreement["policy"] <= 1
+    # Served as fp32 was: the same tensors in and out, quantized inside.
+    assert report.serving.inputs == fp32.serving.inputs and report.serving.outputs == fp32.serving.outputs
+    assert Path(report.config_path).is_file()
+
+
+def test_int8_that_fails_the_gate_is_not_written_and_the_command_says_why(tmp_path: Path) -> None:
+    strict = dataclasses.replace(conv_net(**TINY), gate=Gate(top1=("policy",), min_agreement=1.01))
+    with pytest.raises(VerificationError, match=r"int8 fails its accuracy gate \(policy: top-1 agreement .*% < 101%\)"):
+        export_model(strict, tmp_path / "repo", quiet=True, precision="int8")
+    assert not (tmp_path / "repo" / "conv_net" / "1").exists()
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_the_command_reports_the_precision(precision: str, tmp_path: Path) -> None:
+    sizes = [f"--{name}={value}" for name, value in TINY.items()]
+    argv = [sys.executable, "-m", "inferop.cli", "export", "conv_net", *sizes, "--repo", str(tmp_path), "--json"]
+    result = subprocess.run([*argv, "--precision", precision], capture_output=True, text=True, check=False)
+    if precision == "fp32":
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["precision"] == "fp32"
+    else:  # the network's real gate, which its random weights' near ties fail: the numbers say by how much
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "int8 fails its accuracy gate (policy: top-1 agreement" in result.stderr
+        assert "on 1000 held-out inputs" in result.stderr
+        assert not (tmp_path / "conv_net" / "1").exists()
