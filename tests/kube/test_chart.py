@@ -20,7 +20,7 @@ from inferop_devtools.cluster.controlplane import ControlPlane, KubernetesReleas
 from inferop_operator.builders import CHILDREN
 from inferop_operator.cli import STOP_BOUND_SECONDS
 from inferop_operator.spec import GROUP, PLURAL
-from tests.kube.conftest import REPO, Kubectl, kube_tools_dir, wait_for
+from tests.kube.conftest import REPO, Kubectl, kube_tools_dir, runs_pods, wait_for
 from tests.test_operator_pod_security import restricted_violations
 
 pytestmark = pytest.mark.integration
@@ -396,8 +396,12 @@ class TestInstall:
         crd_before = kubectl.get("crd", "inferenceservices.inferop.dev", "")
         assert crd_before is not None, "the kubectl fixture applies the CRD first"
 
-        # No --wait: without a kubelet the operator's Pod stays Pending and would never become Ready.
-        result = helm.run("install", name, str(CHART), "-n", ns, *kubernetes.helm_install_flags, kubeconfig=kubeconfig)
+        # --wait where kwok runs the pods: the operator's Deployment becomes available. On 1.20 its Pod stays Pending
+        # and would never become Ready.
+        wait = ("--wait", "--timeout=60s") if runs_pods(kubernetes) else ()
+        result = helm.run(
+            "install", name, str(CHART), "-n", ns, *wait, *kubernetes.helm_install_flags, kubeconfig=kubeconfig
+        )
         assert "STATUS: deployed" in result.stdout
         assert "kubectl -n default apply -f operator/examples/conv-net.yaml" in result.stdout  # NOTES
         deployment = wait_for(lambda: kubectl.get("deployment", fullname, ns), what="operator Deployment")
