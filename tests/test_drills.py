@@ -72,3 +72,28 @@ class TestDrillsOnAControlPlane:
         result = run_apiserver_restart(tmp_path, rounds=1, services=3, pause=1.0)
         assert result["operator_alive"] and result["operator_starts"] == 1 and not result["operator_exits"]
         assert result["deployments_missing"] == []
+
+
+@pytest.mark.integration
+def test_a_drill_cluster_that_fails_to_start_leaves_no_control_plane(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed `with DrillCluster(...)` gets no __exit__: its own __enter__ must stop what it started."""
+    import subprocess
+
+    from inferop_devtools.cluster.controlplane import ClusterError, kube_binaries
+    from inferop_devtools.drills.harness import DrillCluster
+
+    try:
+        kube_binaries(build=False)
+    except ClusterError as missing:
+        pytest.skip(str(missing))
+
+    def refused(*args: str, **kwargs: object) -> None:
+        raise subprocess.CalledProcessError(1, ["kubectl", *args], stderr="the CRD was refused")
+
+    cluster = DrillCluster(tmp_path)
+    monkeypatch.setattr(cluster, "kubectl", refused)
+    with pytest.raises(subprocess.CalledProcessError), cluster:
+        pass
+    assert cluster.plane.state() is None and not cluster.plane.healthy()

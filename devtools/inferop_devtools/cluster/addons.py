@@ -231,6 +231,15 @@ class MetricsAdapter:
         self.api = kube_config.new_client_from_config(config_file=str(kubeconfig))
 
     def start(self, timeout: float = 60.0) -> MetricsAdapter:
+        """Run the adapter and register it; on failure nothing is left running or registered."""
+        try:
+            self._start(timeout)
+        except BaseException:  # no __exit__ follows a failed __enter__
+            self.stop()
+            raise
+        return self
+
+    def _start(self, timeout: float) -> None:
         from kubernetes import client, utils
 
         (self.workdir / "adapter-config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
@@ -251,7 +260,6 @@ class MetricsAdapter:
             return all(_holds(_conditions(s), "Available") for s in services)
 
         self.daemon.wait(available, "the custom.metrics.k8s.io APIServices", timeout)
-        return self
 
     def stop(self) -> None:
         from kubernetes import client

@@ -2,8 +2,9 @@
 
 No kubelet and no container runtime: objects, RBAC, admission, garbage collection and the workload
 controllers are real, Pods stay Pending. That is what an operator and a chart need to be tested against,
-and it starts in seconds without Docker. Kubernetes 1.20 by default; 1.37, the current release, also runs a
-kube-scheduler (it finds no node, and says so on each Pod).
+and it starts in seconds without Docker. Kubernetes 1.20 by default here (`inferop cluster up` starts 1.37);
+1.37, the current release, also runs a kube-scheduler, which places Pods on kwok's fake nodes where kwok runs
+(inferop_devtools.cluster.addons) and otherwise finds no node and says so on each Pod.
 
 The builders at the top (file layout, command lines, kubeconfig) are pure; `ControlPlane` below them runs
 the processes. Every process runs in its own session, so it outlives the command that started it, and is

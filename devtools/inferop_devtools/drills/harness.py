@@ -62,14 +62,18 @@ class DrillCluster:
         from kubernetes import config
 
         self.plane.up()
-        self.env = {
-            **os.environ,
-            "KUBECONFIG": str(self.plane.kubeconfig),
-            "PATH": f"{self.tools}{os.pathsep}{os.environ['PATH']}",
-        }
-        self.kubectl("apply", *self.plane.release.kubectl_crd_flags, "-f", str(CRD_DIR))
-        self.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-        self.api = config.new_client_from_config(str(self.plane.kubeconfig))
+        try:
+            self.env = {
+                **os.environ,
+                "KUBECONFIG": str(self.plane.kubeconfig),
+                "PATH": f"{self.tools}{os.pathsep}{os.environ['PATH']}",
+            }
+            self.kubectl("apply", *self.plane.release.kubectl_crd_flags, "-f", str(CRD_DIR))
+            self.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+            self.api = config.new_client_from_config(str(self.plane.kubeconfig))
+        except BaseException:  # no __exit__ follows a failed __enter__: the control plane must not outlive it
+            self.plane.down()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
