@@ -19,10 +19,10 @@ from inferop_export.networks.conv_net import conv_net
 from inferop_export.precision import (
     GATE_SAMPLES,
     PRECISIONS,
+    CalibrationInputs,
     Gate,
     GateResult,
     PrecisionError,
-    _Calibration,
     check_precision,
 )
 from inferop_export.signature import Signature
@@ -50,7 +50,7 @@ def test_calibration_inputs_of_the_wrong_shape_name_both_shapes() -> None:
     signature = Signature((TensorSpec(name="board", dims=(1, 6, 5)),), (), batched=True)
     source = dataclasses.replace(conv_net(**TINY), make_input=lambda batch, rng: (np.zeros((batch, 1, 5, 6)),))
     with pytest.raises(PrecisionError, match=r"'board' has shape \[1, 1, 5, 6\]; the model takes \[1, 1, 6, 5\]"):
-        _Calibration(source, signature, count=4, seed=0).get_next()
+        CalibrationInputs(source, signature, count=4, seed=0).get_next()
 
 
 def test_a_gate_lists_every_shortfall_with_its_numbers() -> None:

@@ -117,7 +117,7 @@ def _check_shapes(inputs: Inputs, signature: Signature, batch: int) -> None:
             )
 
 
-class _Calibration:
+class CalibrationInputs:
     """ONNX Runtime's CalibrationDataReader over generated inputs, one sample at a time."""
 
     def __init__(self, source: Source, signature: Signature, count: int, seed: int) -> None:
@@ -131,9 +131,6 @@ class _Calibration:
         _check_shapes(inputs, self.signature, 1)
         return {spec.name: array for spec, array in zip(self.signature.inputs, inputs, strict=True)}
 
-    def rewind(self) -> None:
-        raise NotImplementedError  # read once
-
 
 def quantize_int8(fp32: Path, target: Path, source: Source, signature: Signature, seed: int) -> None:
     """`target`: `fp32` statically quantized to int8 (QDQ, per-channel weights), calibrated on
@@ -141,7 +138,7 @@ def quantize_int8(fp32: Path, target: Path, source: Source, signature: Signature
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    class Reader(_Calibration, CalibrationDataReader):
+    class Reader(CalibrationInputs, CalibrationDataReader):
         pass
 
     with tempfile.TemporaryDirectory(prefix="inferop-quantize-") as work:

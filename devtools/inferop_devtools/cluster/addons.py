@@ -129,7 +129,6 @@ class Kwok:
     def __init__(self, kubeconfig: Path, workdir: Path, bin_dir: Path | None = None) -> None:
         from kubernetes import client, config
 
-        self.kubeconfig = kubeconfig
         self.daemon = Daemon(kwok_command(bin_dir or addon_binaries(), kubeconfig), workdir / "kwok.log")
         self.api = config.new_client_from_config(config_file=str(kubeconfig))
         self.core = client.CoreV1Api(self.api)
