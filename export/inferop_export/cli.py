@@ -204,12 +204,7 @@ def format_report(report: dict[str, Any]) -> str:
             f"{sorted({p['batch'] for p in report['parity']})}"
         )
     if report["gate"]:
-        gate = report["gate"]
-        kept = [f"{name} top-1 agreement {share:.1%}" for name, share in gate["agreement"].items()]
-        kept += [f"{name} max |diff| {diff:.3g}" for name, diff in gate["maxAbsDiff"].items()]
-        lines.append(
-            f"  precision {gate['precision']} against fp32 on {gate['samples']} held-out inputs: {', '.join(kept)}"
-        )
+        lines.append(f"  precision {report['gate']['summary']}")
     tensors = (
         ", ".join(f"{t['name']} {t['datatype']} {t['dims']}" for t in serving["inputs"])
         + " -> "

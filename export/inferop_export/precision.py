@@ -89,6 +89,8 @@ class GateResult:
             "agreement": self.agreement,
             "maxAbsDiff": self.max_abs_diff,
             "passed": self.passed,
+            "failures": self.failures,
+            "summary": self.describe(),
         }
 
 
