@@ -31,6 +31,11 @@ $(STAMP): $(DISTRIBUTIONS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/pip install --quiet -e '.[serve,dev]' -e ./operator -e ./export -e ./devtools
+	# onnxruntime and onnxruntime-gpu install one `onnxruntime` module: a venv made before the serve extra took
+	# onnxruntime-gpu keeps only that one, reinstalled over the files the other overwrote.
+	if $(BIN)/pip show --quiet onnxruntime-gpu 2>/dev/null && $(BIN)/pip show --quiet onnxruntime 2>/dev/null; then \
+		$(BIN)/pip uninstall --quiet --yes onnxruntime && \
+		$(BIN)/pip install --quiet --force-reinstall --no-deps onnxruntime-gpu; fi
 	touch $@
 
 tools: $(TOOLS_STAMP)

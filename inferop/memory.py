@@ -76,7 +76,7 @@ GPU_RUNTIME = RuntimeCosts(
     baseline_bytes=512 * MiB,  # CUDA context and cuDNN/cuBLAS workspaces
     instance_bytes=64 * MiB,
     weight_factor=1.0,
-    activation_factor=2.0,  # the CUDA arena grows in powers of two (kNextPowerOfTwo)
+    activation_factor=2.0,  # cuDNN workspaces besides the activations; the arena grows only as asked (kSameAsRequested)
     buffer_factor=0.0,  # requests wait in host memory, not on the device
     request_bytes=0,
     measured="not measured: defaults for a GPU, see scripts/gpu-check.sh",
@@ -140,4 +140,14 @@ def estimate_memory(
         activations=round(n * batch * model.activation_bytes_per_sample * costs.activation_factor),
         in_flight=round(in_flight),
         unbounded=saturated and shape.queue_bound is None,
+    )
+
+
+def instance_device_bytes(model: ModelCosts, max_batch_size: int, costs: RuntimeCosts) -> int:
+    """What one GPU instance's ONNX Runtime arena holds at its peak: its session, its weights and the activations
+    of its largest batch (requests wait in host memory)."""
+    return (
+        costs.instance_bytes
+        + round(model.weight_bytes * costs.weight_factor)
+        + round(max_batch_size * model.activation_bytes_per_sample * costs.activation_factor)
     )

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from google.protobuf import text_format
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from inferop.errors import InferopError
 from inferop.processing import PROCESSING_PARAMETER, Processing
 
 
@@ -128,6 +129,14 @@ class ServingConfig(BaseModel):
         default=None,
         description=f"how callers make inputs and read outputs, written as the parameter {PROCESSING_PARAMETER!r}",
     )
+    gpu_memory_limit_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "GPU instances: the most device memory each instance's ONNX Runtime CUDA arena may take (the backend's "
+            "gpu_mem_limit), so an allocation beyond it fails one request instead of exhausting the device"
+        ),
+    )
     memory_pattern: bool = Field(
         default=False,
         description=(
@@ -146,6 +155,8 @@ class ServingConfig(BaseModel):
         dynamic = [t.name for t in self.inputs if t.dynamic]
         if dynamic:
             raise ValueError(f"inputs {dynamic} have a dynamic dim: warm-up and the memory estimate need fixed ones")
+        if self.gpu_memory_limit_bytes is not None and self.device != "gpu":
+            raise ValueError("gpu_memory_limit_bytes applies to GPU instances only (device 'gpu')")
         return self
 
     @property
@@ -188,6 +199,14 @@ def build_model_config(cfg: ServingConfig) -> mc.ModelConfig:
         config.parameters["execution_mode"].string_value = "1" if cfg.inter_op_threads > 1 else "0"
     if not cfg.memory_pattern:
         config.parameters["enable_mem_pattern"].string_value = "0"
+    if cfg.device == "gpu":
+        # The CUDA provider's options as top-level parameters: the backend reads these after any
+        # `gpu_execution_accelerator` options and, with a parameters section present, overwrites the absent ones
+        # with its defaults (no memory limit, an arena growing in powers of two), so only here do they hold.
+        # kSameAsRequested: the arena grows by what is asked, not to the next power of two, so the estimate holds.
+        config.parameters["arena_extend_strategy"].string_value = "1"
+        if cfg.gpu_memory_limit_bytes is not None:
+            config.parameters["gpu_mem_limit"].string_value = str(cfg.gpu_memory_limit_bytes)
     if cfg.weights is not None:
         config.parameters[WEIGHTS_PARAMETER].string_value = cfg.weights
     if cfg.processing is not None:
@@ -229,6 +248,62 @@ def parse_model_config(text: str) -> mc.ModelConfig:
 
 def to_text(config: mc.ModelConfig) -> str:
     return text_format.MessageToString(config)
+
+
+class ConfigNotRenderable(InferopError, ValueError):
+    """A config.pbtxt holds settings the renderer does not write: re-rendering it would drop them."""
+
+
+def read_serving_config(config: mc.ModelConfig) -> ServingConfig:
+    """The `ServingConfig` that renders `config`, so that a tool changing one setting (tune) re-renders the rest
+    unchanged. A config edited by hand beyond what the renderer writes is refused with the fields that differ,
+    rather than silently losing them."""
+    parameters = {key: value.string_value for key, value in config.parameters.items()}
+    groups = list(config.instance_group)
+    batching = config.dynamic_batching
+    policy = batching.default_queue_policy
+    serving = ServingConfig(
+        name=config.name,
+        inputs=tuple(_read_tensor(tensor) for tensor in config.input),
+        outputs=tuple(_read_tensor(tensor) for tensor in config.output),
+        max_batch_size=config.max_batch_size,
+        instances=sum(group.count or 1 for group in groups) or 1,
+        device="gpu" if any(group.kind == mc.ModelInstanceGroup.KIND_GPU for group in groups) else "cpu",
+        max_queue_delay_microseconds=batching.max_queue_delay_microseconds,
+        max_queue_size=policy.max_queue_size or None,
+        request_timeout_microseconds=policy.default_timeout_microseconds or None,
+        intra_op_threads=_count(parameters.get("intra_op_thread_count")),
+        inter_op_threads=_count(parameters.get("inter_op_thread_count")),
+        weights=parameters.get(WEIGHTS_PARAMETER),
+        processing=Processing.from_parameter(parameters[PROCESSING_PARAMETER])
+        if PROCESSING_PARAMETER in parameters
+        else None,
+        memory_pattern=parameters.get("enable_mem_pattern", "1") not in ("0", "false"),
+        gpu_memory_limit_bytes=_count(parameters.get("gpu_mem_limit")),
+    )
+    rendered = build_model_config(serving)
+    if rendered != config:
+        differing = [
+            field.name
+            for field in config.DESCRIPTOR.fields
+            if getattr(config, field.name) != getattr(rendered, field.name)
+        ]
+        raise ConfigNotRenderable(
+            f"model {config.name!r}: config.pbtxt was edited beyond what inferop renders ({', '.join(differing)}: "
+            "not as its other settings render them); export the model again, or change those settings through "
+            "the spec"
+        )
+    return serving
+
+
+def _read_tensor(tensor: mc.ModelInput | mc.ModelOutput) -> TensorSpec:
+    datatype = mc.DataType.Name(tensor.data_type).removeprefix("TYPE_")
+    label = getattr(tensor, "label_filename", "") or None
+    return TensorSpec(name=tensor.name, datatype=datatype, dims=tuple(tensor.dims), label_filename=label)
+
+
+def _count(text: str | None) -> int | None:
+    return int(text) if text else None
 
 
 def _triton_type(datatype: str) -> int:

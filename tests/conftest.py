@@ -38,6 +38,7 @@ SERVING: dict[str, dict[str, Any]] = {
 }
 
 SERVE_EXTRA = "install the serving extra: .venv/bin/pip install -e '.[serve]' (or make install)"
+NO_GPU = "no NVIDIA GPU with onnxruntime-gpu's CUDA provider here: scripts/gpu-check.sh runs the gpu tier"
 EXPORT_EXTRA = "install the export distribution (torch, ONNX): .venv/bin/pip install -e ./export (or make install)"
 
 

@@ -56,7 +56,10 @@ class TestMissingDistribution:
         out = capsys.readouterr().out
         assert "serve a model repository with a local tritonserver" in out
         assert "operator" not in out.split("not installed here")[0]
-        missing = "not installed here: operator (inferop-operator), export (inferop-export), cluster (inferop-devtools)"
+        missing = (
+            "not installed here: operator (inferop-operator), export (inferop-export), tune (inferop-export), "
+            "cluster (inferop-devtools)"
+        )
         assert missing in " ".join(out.split())
 
     def test_an_unknown_command_is_argparse_s_error(

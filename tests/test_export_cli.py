@@ -125,3 +125,20 @@ class TestExportErrors:
         assert result.returncode == 2, result.stderr
         assert f"--weights {weights}: not a torchvision Inception V3 state dict" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_gpu_memory_exports_for_a_gpu_pod(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    result = inferop("export", "conv_net", *TINY_FLAGS, "--gpu-memory", "4Gi", "--instances", "2", "--repo", repo)
+    assert result.returncode == 0, result.stderr
+    config = parse_model_config((repo / "conv_net" / "config.pbtxt").read_text())
+    assert [(g.kind, g.count) for g in config.instance_group] == [(config.instance_group[0].KIND_GPU, 2)]
+    share = int(config.parameters["gpu_mem_limit"].string_value)
+    assert 2 * share <= 4 * 2**30 and config.parameters["arena_extend_strategy"].string_value == "1"
+
+
+def test_a_bad_gpu_memory_names_the_field(tmp_path: Path) -> None:
+    result = inferop("export", "conv_net", *TINY_FLAGS, "--gpu-memory", "lots", "--repo", tmp_path / "repo")
+    assert result.returncode == 2
+    assert "gpu.memory" in result.stderr and "lots" in result.stderr
+    assert not (tmp_path / "repo").exists()  # refused before anything was written

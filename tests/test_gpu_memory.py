@@ -8,15 +8,16 @@ import numpy as np
 import pytest
 
 from inferop.memory import GPU_RUNTIME, ModelCosts, ServingShape, estimate_memory
-from tests.conftest import ExportedRepo
+from inferop.serving.localrepo import local_gpu
+from tests.conftest import NO_GPU, ExportedRepo
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not local_gpu(), reason=NO_GPU)]
 
 
 def cuda_session(path: str, mem_limit: int | None = None):  # type: ignore[no-untyped-def]
     ort = pytest.importorskip("onnxruntime", reason="install onnxruntime-gpu")
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        pytest.skip("no CUDAExecutionProvider: needs an NVIDIA GPU and onnxruntime-gpu (pip install onnxruntime-gpu)")
+    if hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()  # CUDA and cuDNN from onnxruntime-gpu[cuda,cudnn], where installed
     options: dict[str, object] = {"arena_extend_strategy": "kSameAsRequested"}
     if mem_limit is not None:
         options["gpu_mem_limit"] = mem_limit

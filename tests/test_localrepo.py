@@ -68,6 +68,12 @@ class TestToPythonBackend:
         assert sorted(added) == ["  kind: KIND_CPU", 'backend: "python"']
         assert [g.count for g in local.instance_group] == [instances]
 
+    def test_with_a_local_gpu_gpu_instances_stay_on_it(self) -> None:
+        config = build_model_config(serving("gpu", 2))
+        local = to_python_backend(config, gpu=True)
+        removed, added = changed_lines(to_text(config), to_text(local))
+        assert removed == ['platform: "onnxruntime_onnx"'] and added == ['backend: "python"']
+
     def test_the_input_config_is_not_modified(self) -> None:
         config = build_model_config(serving("gpu"))
         text = to_text(config)

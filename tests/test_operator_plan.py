@@ -395,6 +395,35 @@ class TestMemoryFit:
         assert "gpu.memory" in result.memory.against
         assert result.serving.device == "gpu"
 
+    def test_each_gpu_instance_gets_its_share_of_the_device_as_gpu_mem_limit(self) -> None:
+        result = plan(
+            raw_spec(
+                instances=3,
+                resources={"limits": {"cpu": "3", "memory": "1Gi", "nvidia.com/gpu": 1}},
+                gpu={"memory": "16Gi"},
+            )
+        )
+        share = (16 * 2**30 - GPU_RUNTIME.baseline_bytes) // 3
+        assert result.serving.gpu_memory_limit_bytes == share
+        assert 3 * share + GPU_RUNTIME.baseline_bytes <= 16 * 2**30  # together they cannot exhaust the device
+        parameters = parse_model_config(render_model_config(result.serving)).parameters
+        assert parameters["gpu_mem_limit"].string_value == str(share)
+
+    def test_without_gpu_memory_the_limit_is_one_instances_estimate_with_the_margin(self) -> None:
+        result = plan(
+            raw_spec(
+                weight_bytes=100 * MI,
+                activation_bytes=MI,
+                batching={"maxBatchSize": 8},
+                resources={"limits": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": 1}},
+            )
+        )
+        one = GPU_RUNTIME.instance_bytes + 100 * MI * GPU_RUNTIME.weight_factor + 8 * MI * GPU_RUNTIME.activation_factor
+        assert result.serving.gpu_memory_limit_bytes == pytest.approx(one * 1.25, abs=1)
+
+    def test_cpu_instances_get_no_gpu_memory_limit(self) -> None:
+        assert plan(raw_spec(resources={"limits": {"cpu": "1"}})).serving.gpu_memory_limit_bytes is None
+
     def test_gpu_refusal_names_gpu_memory(self) -> None:
         refused = refusal(
             raw_spec(

@@ -58,3 +58,16 @@ def test_memory_switches_follow_the_config(
 ) -> None:
     options = model_module.session_options(parameters)
     assert (options.enable_cpu_mem_arena, options.enable_mem_pattern) == (arena, pattern)
+
+
+def test_cpu_instances_run_on_the_cpu_provider(model_module: ModuleType) -> None:
+    assert model_module.execution_providers("CPU", "0", {"gpu_mem_limit": "1024"}) == ["CPUExecutionProvider"]
+
+
+def test_gpu_instances_run_on_cuda_with_the_configs_memory_options(model_module: ModuleType) -> None:
+    parameters = {"gpu_mem_limit": "3221225472", "arena_extend_strategy": "1"}
+    (cuda, options), cpu = model_module.execution_providers("GPU", "1", parameters)
+    assert (cuda, cpu) == ("CUDAExecutionProvider", "CPUExecutionProvider")
+    assert options == {"device_id": 1, "gpu_mem_limit": 3221225472, "arena_extend_strategy": "kSameAsRequested"}
+    (_, defaults), _ = model_module.execution_providers("GPU", "0", {})
+    assert defaults == {"device_id": 0, "arena_extend_strategy": "kNextPowerOfTwo"}  # the backend's default

@@ -17,6 +17,7 @@ from inferop.tritonconfig import (
     build_model_config,
     parse_model_config,
     random_weights,
+    read_serving_config,
     render_model_config,
     weights_are_random,
 )
@@ -41,6 +42,7 @@ SPECS = {
         request_timeout_microseconds=250_000,
         intra_op_threads=4,
         inter_op_threads=2,
+        gpu_memory_limit_bytes=3 * 2**30,
     ),
     "batch of one": ServingConfig(
         name="single", inputs=(BOARD,), outputs=(VALUE,), max_batch_size=1, max_queue_delay_microseconds=0
@@ -281,3 +283,25 @@ class TestParseModelConfig:
     def test_a_misspelt_field_is_named(self) -> None:
         with pytest.raises(text_format.ParseError, match="max_batch_sise"):
             parse_model_config('name: "m"\nmax_batch_sise: 8\n')
+
+
+@pytest.mark.parametrize("cfg", SPECS.values(), ids=SPECS.keys())
+def test_gpu_instances_get_the_cuda_arena_options_where_the_backend_keeps_them(cfg: ServingConfig) -> None:
+    """Top-level parameters, not the `cuda` execution accelerator: the backend overwrites the accelerator's memory
+    options with its defaults whenever the config has a parameters section, and ours always has one."""
+    parameters = {key: value.string_value for key, value in rendered(cfg).parameters.items()}
+    if cfg.device == "gpu":
+        assert parameters["arena_extend_strategy"] == "1"  # kSameAsRequested
+        assert parameters["gpu_mem_limit"] == str(cfg.gpu_memory_limit_bytes)
+    else:
+        assert "arena_extend_strategy" not in parameters and "gpu_mem_limit" not in parameters
+
+
+def test_a_gpu_memory_limit_needs_gpu_instances() -> None:
+    with pytest.raises(ValidationError, match="gpu_memory_limit_bytes applies to GPU instances only"):
+        ServingConfig(name="m", inputs=(BOARD,), outputs=(VALUE,), gpu_memory_limit_bytes=2**30)
+
+
+@pytest.mark.parametrize("cfg", SPECS.values(), ids=SPECS.keys())
+def test_a_rendered_config_reads_back_into_its_settings(cfg: ServingConfig) -> None:
+    assert read_serving_config(rendered(cfg)) == cfg

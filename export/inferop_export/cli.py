@@ -117,6 +117,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     serving = parser.add_argument_group("serving settings (the InferenceService spec's fields and defaults)")
     for flag in SERVING_FLAGS:
         serving.add_argument(flag.flag, type=int, help=flag.help())
+    serving.add_argument(
+        "--gpu-memory",
+        metavar="QUANTITY",
+        help="serve on one GPU with this much device memory, e.g. 16Gi (spec.gpu.memory, with a limit of one "
+        "nvidia.com/gpu): the instances run on it, each under its share as gpu_mem_limit; default: CPU",
+    )
 
 
 def serving_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -170,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
             quiet=args.json,
             storage_uri=args.storage_uri,
             precision=args.precision,
+            gpu_memory=args.gpu_memory,
         )
     except VerificationError as error:
         print(f"verification failed: {error}", file=sys.stderr)

@@ -3,3 +3,4 @@
 from inferop.commands import Command
 
 EXPORT = Command("inferop_export.cli", "export a network to ONNX in a Triton model repository, verified")
+TUNE = Command("inferop_export.tune", "search threads, instances and batching on the local Triton for a p99 budget")

@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 
 from inferop.errors import InferopError
+from inferop.quantity import parse_quantity
 from inferop.threads import local_cpus
 from inferop.tritonconfig import DYNAMIC_DIM, MODEL_FILENAME, ServingConfig, render_model_config
 from inferop_export.precision import GateResult, check_precision, quantize_int8, run_gate
@@ -31,7 +32,7 @@ from inferop_export.profile import ModelProfile, profile_onnx
 from inferop_export.signature import Signature, read_signature
 from inferop_export.sources import Inputs, OnnxFile, TorchModule
 from inferop_operator.plan import plan_service
-from inferop_operator.spec import InferenceServiceSpec, Serving, parse_spec
+from inferop_operator.spec import GPU_RESOURCE, InferenceServiceSpec, Serving, parse_spec
 
 PARITY_BATCHES = (1, 8)
 LABELS_FILENAME = "labels.txt"
@@ -107,13 +108,17 @@ def export_model(
     quiet: bool = False,
     storage_uri: str | None = None,
     precision: str = "fp32",
+    gpu_memory: str | None = None,
 ) -> ExportReport:
     """Export, verify and write the Triton model directory; raise VerificationError if a check fails.
 
     The config is what the operator would render for `serving` on a pod with this machine's CPUs: threads
     derived from them unless set, the queue bound from the capacity measured here unless set. A reduced
-    `precision` is made from the verified fp32 file and served only if it passes the source's accuracy gate."""
+    `precision` is made from the verified fp32 file and served only if it passes the source's accuracy gate.
+    `gpu_memory` serves it on one GPU with that much device memory."""
     check_precision(precision, source.gate, source.name)
+    if gpu_memory is not None:
+        parse_quantity(gpu_memory, "--gpu-memory (gpu.memory)")  # before anything is written
     serving = serving or Serving()
     model_dir = repo / source.name
     model_path = model_dir / "1" / MODEL_FILENAME
@@ -196,7 +201,8 @@ def export_model(
                     else {}
                 ),
             },
-            "resources": {"limits": {"cpu": local_cpus()}},
+            "resources": {"limits": {"cpu": local_cpus(), **({GPU_RESOURCE: 1} if gpu_memory else {})}},
+            **({"gpu": {"memory": gpu_memory}} if gpu_memory else {}),
         }
     )
     plan = plan_service(spec)  # the operator's checks too: an export that oversubscribes is refused

@@ -21,15 +21,15 @@ from inferop_operator.spec import GROUP, KIND, VERSION, InferenceServiceSpec, pa
 SPELLED_OUT = {"model", "replicas", "instances", "threads", "batching", "timeouts"}
 
 
-def build_manifest(spec: InferenceServiceSpec, name: str | None = None) -> dict[str, Any]:
-    """The InferenceService for an exported model: `spec` with the threads it was exported with pinned, as many
-    CPUs as those threads use, and a memory limit from the operator's peak estimate."""
+def build_manifest(spec: InferenceServiceSpec, name: str | None = None, cpus: str | None = None) -> dict[str, Any]:
+    """The InferenceService for an exported model: `spec` with the threads it was exported with pinned, `cpus` or
+    else as many CPUs as those threads use, and a memory limit from the operator's peak estimate."""
     threads = plan_service(spec).threads
     spelled_out = spec.model_dump(by_alias=True, exclude_none=True, include=SPELLED_OUT)
     fields = {"model": spelled_out.pop("model"), **spelled_out}  # what is served first, as a reader looks for it
     fields |= spec.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, exclude=SPELLED_OUT | {"resources"})
     fields["threads"] |= {"intraOp": threads.intra_op, "interOp": threads.inter_op}
-    cpus = str(threads.threads)
+    cpus = cpus or str(threads.threads)
     fields["resources"] = {"requests": {"cpu": cpus}, "limits": {"cpu": cpus}}
     peak = plan_service(parse_spec(fields)).memory.required_bytes
     memory = f"{math.ceil(peak * MEMORY_MARGIN / 2**20)}Mi"

@@ -8,6 +8,7 @@ is tested locally is the config the operator deploys.
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 from inferop.errors import InferopError
@@ -28,9 +29,10 @@ class RepositoryError(InferopError, ValueError):
     """The model repository is missing or malformed; the message names the path."""
 
 
-def to_python_backend(config: mc.ModelConfig) -> mc.ModelConfig:
-    """The same config served by our model.py: only the platform and the instance kind change
-    (local serving is CPU-only; a GPU instance group becomes a CPU one of the same count)."""
+def to_python_backend(config: mc.ModelConfig, gpu: bool = False) -> mc.ModelConfig:
+    """The same config served by our model.py: only the platform changes, and without a local `gpu` the instance
+    kind (a GPU instance group becomes a CPU one of the same count). With one, GPU groups stay on it and model.py
+    runs them with ONNX Runtime's CUDA provider under the config's gpu_mem_limit and arena_extend_strategy."""
     if config.platform not in ("", ONNX_PLATFORM) or config.backend not in ("", "onnxruntime"):
         raise RepositoryError(
             f"model {config.name!r}: only ONNX models can be served locally "
@@ -41,7 +43,7 @@ def to_python_backend(config: mc.ModelConfig) -> mc.ModelConfig:
     local.ClearField("platform")
     local.backend = "python"
     for group in local.instance_group:
-        if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU and not gpu:
             group.kind = mc.ModelInstanceGroup.KIND_CPU
             group.ClearField("gpus")
     return local
@@ -64,16 +66,36 @@ def model_dirs(repo: Path) -> list[Path]:
     return models
 
 
-def prepare_local_repo(repo: Path, target: Path) -> Path:
+def local_gpu() -> bool:
+    """Whether GPU instances can run here: an NVIDIA GPU that `nvidia-smi` lists, and ONNX Runtime built with the
+    CUDA provider (onnxruntime-gpu, which the serve extra installs on Linux x86_64)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    if not any(line.startswith("GPU ") for line in listed.splitlines()):
+        return False
+    import onnxruntime
+
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+def prepare_local_repo(repo: Path, target: Path, gpu: bool | None = None) -> Path:
     """Lay out `target` as a python-backend twin of `repo`: translated configs, our model.py beside a
-    link to each model.onnx, and the other files (labels) linked unchanged. The source is never written."""
+    link to each model.onnx, and the other files (labels) linked unchanged. The source is never written.
+    `gpu`: whether GPU instance groups stay on the GPU (default: `local_gpu()`)."""
     models = model_dirs(repo)
+    if gpu is None:
+        gpu = local_gpu()
     if target.exists():
         shutil.rmtree(target)
     for model in models:
         out = target / model.name
         out.mkdir(parents=True)
-        config = to_python_backend(parse_model_config((model / "config.pbtxt").read_text()))
+        config = to_python_backend(parse_model_config((model / "config.pbtxt").read_text()), gpu)
         config.name = model.name
         (out / "config.pbtxt").write_text(to_text(config))
         for entry in model.iterdir():

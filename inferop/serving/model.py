@@ -1,5 +1,6 @@
 """Triton python-backend model that serves `model.onnx` with ONNX Runtime, honouring the ONNX Runtime
-backend's settings from config.pbtxt: intra/inter-op thread counts and the dynamic batcher's grouping.
+backend's settings from config.pbtxt: intra/inter-op thread counts, the dynamic batcher's grouping, and for
+GPU instances the CUDA provider's memory options.
 
 Runs inside Triton's python stub process; depends only on numpy, onnxruntime and Triton's utils.
 Instance count, max batch size, queue policy, timeouts and warm-up are enforced by Triton's core.
@@ -36,12 +37,38 @@ def session_options(parameters):
     return options
 
 
+def execution_providers(kind, device_id, parameters):
+    """CPU for a CPU instance; for a GPU instance ONNX Runtime's CUDA provider on its device with the backend's
+    memory options (gpu_mem_limit, arena_extend_strategy 1 = kSameAsRequested), the CPU one for what CUDA lacks."""
+    if kind != "GPU":
+        return ["CPUExecutionProvider"]
+    options = {
+        "device_id": int(device_id),
+        "arena_extend_strategy": "kSameAsRequested"
+        if parameters.get("arena_extend_strategy", "0") == "1"
+        else "kNextPowerOfTwo",
+    }
+    if "gpu_mem_limit" in parameters:
+        options["gpu_mem_limit"] = int(parameters["gpu_mem_limit"])
+    return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
-        self.session = ort.InferenceSession(path, session_options(parameters), providers=["CPUExecutionProvider"])
+        kind = args.get("model_instance_kind", "CPU")
+        if kind == "GPU" and hasattr(ort, "preload_dlls"):
+            ort.preload_dlls()  # CUDA and cuDNN from their pip packages (onnxruntime-gpu[cuda,cudnn]), where installed
+        providers = execution_providers(kind, args.get("model_instance_device_id", "0"), parameters)
+        self.session = ort.InferenceSession(path, session_options(parameters), providers=providers)
+        if kind == "GPU" and self.session.get_providers()[0] != "CUDAExecutionProvider":
+            # ONNX Runtime falls back to the CPU when CUDA fails to load: a GPU instance must not run there unseen.
+            raise pb_utils.TritonModelException(
+                f"GPU instance: ONNX Runtime could not use CUDA (providers {self.session.get_providers()}); "
+                "install onnxruntime-gpu with its CUDA libraries: pip install 'onnxruntime-gpu[cuda,cudnn]'"
+            )
         self.input_names = [spec["name"] for spec in config["input"]]
         self.output_names = [spec["name"] for spec in config["output"]]
         self.stall_file = os.environ.get("INFEROP_FAULT_STALL_FILE")

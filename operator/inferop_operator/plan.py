@@ -20,6 +20,7 @@ from inferop.memory import (
     RuntimeCosts,
     ServingShape,
     estimate_memory,
+    instance_device_bytes,
 )
 from inferop.quantity import format_bytes, parse_quantity
 from inferop.threads import OversubscribedError, ThreadPlan, check_budget, plan_threads
@@ -114,8 +115,21 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
     if memory.available_bytes is None:
         warnings.append(f"memory fit not checked: {memory.against}")
 
-    serving = spec.serving_config(threads, queue.size)
+    serving = spec.serving_config(threads, queue.size, gpu_memory_limit(spec, memory, costs))
     return Plan(serving=serving, threads=threads, cpu_source=cpu_source, queue=queue, memory=memory, warnings=warnings)
+
+
+def gpu_memory_limit(spec: InferenceServiceSpec, memory: MemoryFit, costs: RuntimeCosts) -> int | None:
+    """Each GPU instance's share of the device (the backend's gpu_mem_limit): gpu.memory less the runtime's
+    baseline, split between the instances, so that together they can never take more than the device has;
+    without gpu.memory, one instance's estimate with the margin. An allocation beyond it fails that request
+    with an error, where an exhausted device would fail every instance."""
+    if not spec.uses_gpu:
+        return None
+    if memory.available_bytes is not None:
+        return math.floor((memory.available_bytes - memory.estimate.baseline) / spec.instances)
+    peak = instance_device_bytes(model_costs(spec), spec.batching.samples_per_batch, costs)
+    return math.ceil(peak * MEMORY_MARGIN)
 
 
 def cpu_budget(spec: InferenceServiceSpec) -> tuple[float, str]:

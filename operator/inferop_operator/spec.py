@@ -397,9 +397,11 @@ class InferenceServiceSpec(Serving):
     def uses_gpu(self) -> bool:
         return parse_quantity(self.resources.limits.get(GPU_RESOURCE, 0), GPU_RESOURCE) > 0
 
-    def serving_config(self, threads: ThreadPlan, queue_size: int | None) -> ServingConfig:
-        """The one translation of a spec into what config.pbtxt holds, given the threads and queue bound the
-        plan derived for it: export, the operator and local serving all render this."""
+    def serving_config(
+        self, threads: ThreadPlan, queue_size: int | None, gpu_memory_limit_bytes: int | None = None
+    ) -> ServingConfig:
+        """The one translation of a spec into what config.pbtxt holds, given the threads, queue bound and (GPU)
+        per-instance device memory the plan derived for it: export, the operator and local serving render this."""
         return ServingConfig(
             name=self.model.name,
             inputs=tuple(t.as_tensor_spec() for t in self.model.inputs),
@@ -414,6 +416,7 @@ class InferenceServiceSpec(Serving):
             inter_op_threads=threads.inter_op,
             weights=self.model.weights,
             processing=self.model.processing,
+            gpu_memory_limit_bytes=gpu_memory_limit_bytes,
         )
 
     @model_validator(mode="after")
