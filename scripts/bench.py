@@ -2,7 +2,8 @@
 
 Serving (Inception V3): images/s through the local Triton against ONNX Runtime in-process with the same
 threads, and against this machine's fp32 ceiling (MACs x 2 / a measured large-matmul FLOP rate); int8 (the
-exporter's quantization) through Triton against fp32, with its accuracy gate's agreement beside it.
+exporter's quantization) through Triton against fp32, with the served config and each tuned by `inferop tune`,
+with its accuracy gate's agreement beside it.
 GPU (only where one exists): both networks exported for the GPU, served on it, callers from 1 to 64, and the
 device memory they take against the memory fit's estimate.
 Tuning (the conv net under a 2-CPU quota and a p99 budget): `inferop tune`'s climb against the exhaustive sweep of
@@ -113,23 +114,26 @@ def serving_bench(seconds: float) -> dict[str, Any]:
 
 
 INT8_ROUNDS = 3
+TUNED_CONCURRENCY = 4
 
 
 def int8_bench(model_dir: Path, batch: int, seconds: float) -> dict[str, Any]:
-    """The served fp32 model quantized as `inferop export --precision int8` does (same seeds), its accuracy gate
-    run, and fp32 and int8 served side by side from copies of the model directory (same config), measured in
-    alternation at concurrency 2 x batch 8: this machine's speed drifts by a fifth over minutes, more than the
-    difference a ratio of two separate runs could tell. The figures are measured whether or not the gate passes:
-    export would not write a failing model."""
+    """The served fp32 model quantized as `inferop export --precision int8` does (same seeds) and its accuracy gate
+    run; then fp32 and int8 through Triton, twice: with the served config, and each with the config `inferop tune`'s
+    climb finds for it under the same CPUs (the two precisions need different layouts). Each pair is served side by
+    side and measured in alternation: this machine's speed drifts by a fifth over minutes, more than a ratio of two
+    separate runs could tell. The figures are measured whether or not the gate passes: export would not write a
+    failing model."""
     import shutil
 
     import onnx
 
-    from inferop import bench
-    from inferop.serving.tritonserver import TritonServer, free_port
+    from inferop.serving.localrepo import write_model_repo
+    from inferop.tritonconfig import parse_model_config, read_serving_config
     from inferop_export.networks.inception_v3 import inception_v3
     from inferop_export.precision import quantize_int8, run_gate
     from inferop_export.signature import read_signature
+    from inferop_export.tune import Grid, Search, TritonTrials, require_best, thread_layouts
 
     source = inception_v3()
     assert source.gate is not None
@@ -143,26 +147,63 @@ def int8_bench(model_dir: Path, batch: int, seconds: float) -> dict[str, Any]:
         print("int8: quantizing, then its accuracy gate on 1,000 held-out inputs ...", flush=True)
         quantize_int8(fp32, int8, source, signature, seed=3)
         gate = run_gate("int8", fp32, int8, source, signature, source.gate, seed=4)
+        print(f"int8 and fp32, served config: {INT8_ROUNDS} alternating rounds of 2 x batch {batch} ...", flush=True)
+        served = alternate(repos, model_dir.name, 2, batch, seconds / 2)
+
+        serving = read_serving_config(parse_model_config((model_dir / "config.pbtxt").read_text()))
+        cpus = float(local_cpus())
+        grid = Grid(cpus, thread_layouts(cpus), (batch, 2 * batch), (0, 4000))
+        tuned_repos, winners = {}, {}
+        for precision, repo in repos.items():
+            print(
+                f"{precision}: inferop tune's climb over {grid.size} configs, {TUNED_CONCURRENCY} x batch {batch} ..."
+            )
+            measure = TritonTrials(repo / model_dir.name, serving, cpus, TUNED_CONCURRENCY, batch, seconds / 3)
+            search = Search(measure, None)
+            search.climb(grid, grid.start(serving.max_batch_size, serving.max_queue_delay_microseconds))
+            winner = require_best(search.trials, None).settings
+            winners[precision] = winner.describe()
+            tuned_repos[precision] = write_model_repo(
+                winner.apply(serving), repo / model_dir.name, Path(work) / f"tuned-{precision}"
+            )
         print(
-            f"int8 and fp32: two local tritonservers, {INT8_ROUNDS} alternating rounds of 2 x batch 8 ...", flush=True
+            f"int8 and fp32, tuned: {INT8_ROUNDS} alternating rounds of {TUNED_CONCURRENCY} x batch {batch} ...",
+            flush=True,
         )
-        rates: dict[str, list[float]] = {"fp32": [], "int8": []}
-        errors = 0
-        with (
-            TritonServer(repos["fp32"], http_port=free_port()) as fp32_server,
-            TritonServer(repos["int8"], http_port=free_port()) as int8_server,
-        ):
-            for _ in range(INT8_ROUNDS):
-                for precision, server in (("fp32", fp32_server), ("int8", int8_server)):
-                    level = bench.sweep(server.url, model_dir.name, [2], seconds / 2, batch=batch)[0]
-                    rates[precision].append(level.throughput)
-                    errors += level.errors
+        tuned = alternate(tuned_repos, model_dir.name, TUNED_CONCURRENCY, batch, seconds / 2)
     return {
-        "fp32_triton_batch8_images_per_s": round(statistics.median(rates["fp32"]), 2),
-        "triton_batch8_images_per_s": round(statistics.median(rates["int8"]), 2),
-        "rounds": {precision: [round(rate, 2) for rate in values] for precision, values in rates.items()},
+        "fp32_triton_batch8_images_per_s": served["fp32"]["median"],
+        "triton_batch8_images_per_s": served["int8"]["median"],
+        "rounds": {precision: figures["rounds"] for precision, figures in served.items()},
+        "tuned": {precision: {"config": winners[precision], **figures} for precision, figures in tuned.items()},
         "gate": gate.as_dict(),
-        "errors": errors,
+        "errors": sum(figures["errors"] for figures in (*served.values(), *tuned.values())),
+    }
+
+
+def alternate(repos: dict[str, Path], model: str, concurrency: int, batch: int, seconds: float) -> dict[str, Any]:
+    """Each repository served at once, measured in `INT8_ROUNDS` rounds of one level each, in turn."""
+    from contextlib import ExitStack
+
+    from inferop import bench
+    from inferop.serving.tritonserver import TritonServer, free_port
+
+    rates: dict[str, list[float]] = {name: [] for name in repos}
+    errors = dict.fromkeys(repos, 0)
+    with ExitStack() as stack:
+        servers = {name: stack.enter_context(TritonServer(repo, http_port=free_port())) for name, repo in repos.items()}
+        for _ in range(INT8_ROUNDS):
+            for name, server in servers.items():
+                level = bench.sweep(server.url, model, [concurrency], seconds, batch=batch)[0]
+                rates[name].append(level.throughput)
+                errors[name] += level.errors
+    return {
+        name: {
+            "median": round(statistics.median(values), 2),
+            "rounds": [round(rate, 2) for rate in values],
+            "errors": errors[name],
+        }
+        for name, values in rates.items()
     }
 
 
@@ -429,6 +470,16 @@ def report_lines(results: dict[str, Any]) -> list[str]:
             f"{int8['triton_batch8_images_per_s'] / int8['fp32_triton_batch8_images_per_s']:.2f}  (target >= 2.2; "
             "round by round: "
             + ", ".join(f"{i / f:.2f}" for f, i in zip(int8["rounds"]["fp32"], int8["rounds"]["int8"], strict=True))
+            + ")",
+            f"  tuned for each by inferop tune, {TUNED_CONCURRENCY} x batch 8: fp32 {int8['tuned']['fp32']['config']} "
+            f"{int8['tuned']['fp32']['median']:.2f}, int8 {int8['tuned']['int8']['config']} "
+            f"{int8['tuned']['int8']['median']:.2f} images/s",
+            f"  ratio int8 / fp32 through Triton, tuned: "
+            f"{int8['tuned']['int8']['median'] / int8['tuned']['fp32']['median']:.2f}  (target >= 2.2; round by round: "
+            + ", ".join(
+                f"{i / f:.2f}"
+                for f, i in zip(int8["tuned"]["fp32"]["rounds"], int8["tuned"]["int8"]["rounds"], strict=True)
+            )
             + ")",
             f"  {int8['gate']['summary']}; {verdict}",
             f"  errors: {s['errors']}",
