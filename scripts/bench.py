@@ -214,6 +214,7 @@ def gpu_bench(seconds: float) -> dict[str, Any]:
     """Both networks on the GPU with its whole memory as gpu.memory: throughput and p99 from 1 to 64 callers, and the
     device memory of the server's processes after the sweep against the plans' estimates."""
     from inferop import bench
+    from inferop.serving.gpu import process_group_device_memory
     from inferop.serving.tritonserver import TritonServer, free_port
     from inferop_export.exporter import export_model
     from inferop_export.networks.conv_net import conv_net
@@ -251,26 +252,9 @@ def gpu_bench(seconds: float) -> dict[str, Any]:
                     for r in levels
                 ]
             assert server.process is not None
-            figures["device_memory_used_mib"] = _device_memory_mib(os.getpgid(server.process.pid))
+            used = process_group_device_memory(os.getpgid(server.process.pid))
+            figures["device_memory_used_mib"] = round(used / 2**20)
     return figures
-
-
-def _device_memory_mib(group: int) -> int:
-    """MiB of device memory held by one process group's processes (the server and its python stubs)."""
-    out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    used = 0
-    for line in out.splitlines():
-        pid, mib = (part.strip() for part in line.split(","))
-        try:
-            used += int(mib) if os.getpgid(int(pid)) == group else 0
-        except ProcessLookupError:
-            continue
-    return used
 
 
 TUNE_CPUS = 2.0
@@ -552,7 +536,7 @@ def main() -> int:
     if not args.skip_serving:
         results["serving"] = serving_bench(args.seconds)
     if not args.skip_gpu:
-        from inferop.serving.localrepo import local_gpu
+        from inferop.serving.gpu import local_gpu
 
         gpu = local_gpu()
         results["gpu"] = gpu_bench(args.seconds / 3) if gpu else {"not_measured": "no NVIDIA GPU with CUDA here"}

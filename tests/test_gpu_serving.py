@@ -6,7 +6,6 @@ onnxruntime-gpu exist (`-m gpu`; scripts/gpu-check.sh runs it with the figures).
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 
 from inferop.quantity import format_bytes, parse_quantity
-from inferop.serving.localrepo import local_gpu
+from inferop.serving.gpu import local_gpu, process_group_device_memory
 from tests.conftest import NO_GPU, SERVING, TINY
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not local_gpu(), reason=NO_GPU)]
@@ -51,25 +50,6 @@ def gpu_server(gpu_repo: GpuRepo) -> Iterator[Any]:
 
     with TritonServer(gpu_repo.path, http_port=free_port()) as server:
         yield server
-
-
-def device_memory_of(group: int) -> int:
-    """Device memory in use by the processes of one process group (the server and its python stubs)."""
-    out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    used = 0
-    for line in out.splitlines():
-        pid, mib = (field.strip() for field in line.split(","))
-        try:
-            if os.getpgid(int(pid)) == group:
-                used += int(mib) * 2**20
-        except ProcessLookupError:
-            continue
-    return used
 
 
 @pytest.mark.parametrize("model", ["conv_net", "inception_v3"])
@@ -108,7 +88,7 @@ def test_device_memory_stays_within_the_memory_fit(gpu_repo: GpuRepo, gpu_server
     for model in gpu_repo.reports:
         bench.sweep(gpu_server.url, model, [64], seconds=3.0, batch=1)
     assert gpu_server.process is not None
-    used = device_memory_of(os.getpgid(gpu_server.process.pid))
+    used = process_group_device_memory(os.getpgid(gpu_server.process.pid))
     fits = [plan_service(report.spec).memory for report in gpu_repo.reports.values()]
     estimate = sum(fit.required_bytes for fit in fits)
     print(f"\ndevice memory in use {format_bytes(used)}; estimate {format_bytes(estimate)}")

@@ -193,8 +193,8 @@ def export_model(
                 "storageUri": storage_uri or f"hostpath://{model_dir.resolve()}",
                 "profile": profile.as_spec(),
                 "weights": source.weights,
-                "inputs": [_tensor(t) for t in signature.inputs],
-                "outputs": [_tensor(t) for t in outputs],
+                "inputs": [tensor_fields(t) for t in signature.inputs],
+                "outputs": [tensor_fields(t) for t in outputs],
                 **(
                     {"processing": source.processing.model_dump(by_alias=True, exclude_none=True)}
                     if source.processing
@@ -343,7 +343,8 @@ def _profile_shapes(signature: Signature) -> dict[str, list[int]]:
     return {tensor.name: signature.shape(tensor, 1) for tensor in signature.inputs}
 
 
-def _tensor(tensor: Any) -> dict[str, Any]:
+def tensor_fields(tensor: Any) -> dict[str, Any]:
+    """A tensor as a spec's `model.inputs` / `model.outputs` entry spells it."""
     fields: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "dims": list(tensor.dims)}
     if tensor.label_filename:
         fields["labelFilename"] = tensor.label_filename

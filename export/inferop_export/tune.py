@@ -346,20 +346,15 @@ class TritonTrials:
 
 def tuned_spec(serving: ServingConfig, model_dir: Path, cpus: float, profile: dict[str, Any]) -> InferenceServiceSpec:
     """The InferenceService spec that renders `serving` on a pod with `cpus`: what the manifest holds."""
+    from inferop_export.exporter import tensor_fields
     from inferop_operator.spec import parse_spec
-
-    def tensor(spec: Any) -> dict[str, Any]:
-        fields: dict[str, Any] = {"name": spec.name, "datatype": spec.datatype, "dims": list(spec.dims)}
-        if spec.label_filename:
-            fields["labelFilename"] = spec.label_filename
-        return fields
 
     model: dict[str, Any] = {
         "name": serving.name,
         "storageUri": f"hostpath://{model_dir.resolve()}",
         "profile": profile,
-        "inputs": [tensor(t) for t in serving.inputs],
-        "outputs": [tensor(t) for t in serving.outputs],
+        "inputs": [tensor_fields(t) for t in serving.inputs],
+        "outputs": [tensor_fields(t) for t in serving.outputs],
     }
     if serving.weights is not None:
         model["weights"] = serving.weights

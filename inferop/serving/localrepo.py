@@ -8,10 +8,10 @@ is tested locally is the config the operator deploys.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 from inferop.errors import InferopError
+from inferop.serving.gpu import local_gpu
 from inferop.tritonconfig import (
     MODEL_FILENAME,
     ONNX_PLATFORM,
@@ -64,23 +64,6 @@ def model_dirs(repo: Path) -> list[Path]:
         if not any((version / MODEL_FILENAME).is_file() for version in model.iterdir() if version.name.isdigit()):
             raise RepositoryError(f"model {model.name}: no <version>/{MODEL_FILENAME} under {model}")
     return models
-
-
-def local_gpu() -> bool:
-    """Whether GPU instances can run here: an NVIDIA GPU that `nvidia-smi` lists, and ONNX Runtime built with the
-    CUDA provider (onnxruntime-gpu, which the serve extra installs on Linux x86_64)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return False
-    try:
-        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    if not any(line.startswith("GPU ") for line in listed.splitlines()):
-        return False
-    import onnxruntime
-
-    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 
 
 def prepare_local_repo(repo: Path, target: Path, gpu: bool | None = None) -> Path:
