@@ -144,10 +144,7 @@ def estimate_memory(
 
 
 def instance_device_bytes(model: ModelCosts, max_batch_size: int, costs: RuntimeCosts) -> int:
-    """What one GPU instance's ONNX Runtime arena holds at its peak: its session, its weights and the activations
-    of its largest batch (requests wait in host memory)."""
-    return (
-        costs.instance_bytes
-        + round(model.weight_bytes * costs.weight_factor)
-        + round(max_batch_size * model.activation_bytes_per_sample * costs.activation_factor)
-    )
+    """What one GPU instance's ONNX Runtime arena holds at its peak: one instance's share of the pod estimate
+    (its session, its weights and the activations of its largest batch); requests wait in host memory."""
+    one = estimate_memory(model, ServingShape(1, max_batch_size, queue_bound=0), costs, saturated=False)
+    return one.instances + one.weights + one.activations

@@ -23,6 +23,7 @@ from inferop_export.precision import (
     Gate,
     GateResult,
     PrecisionError,
+    average_pools_as_depthwise_convs,
     check_precision,
 )
 from inferop_export.signature import Signature
@@ -98,3 +99,81 @@ def test_the_command_reports_the_precision(precision: str, tmp_path: Path) -> No
         assert "int8 fails its accuracy gate (policy: top-1 agreement" in result.stderr
         assert "on 1000 held-out inputs" in result.stderr
         assert not (tmp_path / "conv_net" / "1").exists()
+
+
+def _pooling_model(path: Path) -> Path:
+    """x -> Conv 3x3 (8) -> Relu -> AveragePool 3x3 (padding counted) -> Conv 1x1 (4) -> GlobalAveragePool
+    -> logits, with seeded weights: the pattern of Inception V3's pool branches."""
+    rng = np.random.default_rng(0)
+    weights = [
+        onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * scale, name)
+        for name, shape, scale in (("w1", (8, 3, 3, 3), 0.3), ("w2", (4, 8, 1, 1), 0.5), ("shape", (2,), 0))
+    ]
+    weights[-1] = onnx.numpy_helper.from_array(np.array([-1, 4], dtype=np.int64), "shape")
+    make = onnx.helper.make_node
+    nodes = [
+        make("Conv", ["x", "w1"], ["c1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        make("Relu", ["c1"], ["r1"]),
+        make("AveragePool", ["r1"], ["p1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1),
+        make("Conv", ["p1", "w2"], ["c2"], kernel_shape=[1, 1]),
+        make("GlobalAveragePool", ["c2"], ["g"]),
+        make("Reshape", ["g", "shape"], ["logits"]),
+    ]
+    graph = onnx.helper.make_graph(
+        nodes,
+        "pooling",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 16, 16])],
+        [onnx.helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["N", 4])],
+        weights,
+    )
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=10), path)
+    return path
+
+
+def test_average_pools_become_the_depthwise_convs_they_equal() -> None:
+    import onnxruntime as ort
+
+    make = onnx.helper.make_node
+    pools = {  # output -> (attributes, rewritten?)
+        "padded": ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}, True),
+        "strided": ({"kernel_shape": [2, 2], "strides": [2, 2]}, True),
+        "padding_not_counted": ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, False),
+        "rounded_up": ({"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}, False),
+    }
+    graph = onnx.helper.make_graph(
+        [make("AveragePool", ["x"], [name], name=name, **attrs) for name, (attrs, _) in pools.items()],
+        "pools",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 5, 9, 9])],
+        [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in pools],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=10)
+    x = np.random.default_rng(1).standard_normal((2, 5, 9, 9)).astype(np.float32)
+    before = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+
+    assert average_pools_as_depthwise_convs(model) == 2
+    onnx.checker.check_model(model)
+    kinds = {
+        node.output[0]: (node.op_type, {a.name: a.i for a in node.attribute if a.name == "group"})
+        for node in model.graph.node
+    }
+    for name, (_, rewritten) in pools.items():
+        assert kinds[name] == (("Conv", {"group": 5}) if rewritten else ("AveragePool", {})), name
+    after = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    for name, want, got in zip(pools, before, after, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6, err_msg=name)
+
+
+def test_int8_pools_on_the_int8_convolution_kernels(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    source = OnnxFile("pooling", _pooling_model(tmp_path / "pooling.onnx"), gate=Gate(top1=("logits",)))
+    report = export_model(source, tmp_path / "repo", quiet=True, precision="int8")
+    assert report.gate is not None and report.gate.passed, report.gate
+    model = onnx.load(report.model_path)
+    assert "AveragePool" not in {node.op_type for node in model.graph.node}
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(report.model_path, options, providers=["CPUExecutionProvider"])
+    kernels = [node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    assert kernels.count("QLinearConv") == 3 and "QLinearAveragePool" not in kernels, kernels
