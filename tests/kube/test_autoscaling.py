@@ -137,6 +137,15 @@ def hpa_metric(kubectl: Kubectl, namespace: str, name: str) -> str | None:
     return None
 
 
+def hpa_conditions(kubectl: Kubectl, namespace: str, name: str) -> list[str]:
+    """The HPA's conditions, `type=status reason: message`: they say why it reads no metric when it reads none."""
+    hpa = kubectl.get("hpa.v2.autoscaling", name, namespace) or {}
+    return [
+        f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+        for c in hpa.get("status", {}).get("conditions") or []
+    ]
+
+
 @pytest.mark.parametrize(("metric", "target"), [("queueTime", 2_000), ("pendingRequests", 2)])
 def test_the_hpa_scales_out_under_load_and_back_in_after_it(
     metric: str, target: int, pipeline: Pipeline, kubectl: Kubectl, namespace: str, measured: Callable[[str], None]
@@ -155,7 +164,12 @@ def test_the_hpa_scales_out_under_load_and_back_in_after_it(
     with PodTargets(pipeline.kubeconfig, namespace, selector, address, pipeline.targets):
         # Idle: one pod runs, and the HPA reads the metric through the adapter (0: nothing waits).
         wait_for(lambda: replicas(kubectl, namespace, name) == (1, 1), what="one ready pod")
-        idle = wait_for(lambda: hpa_metric(kubectl, namespace, name), timeout=SCALE_TIMEOUT, what="the HPA's metric")
+        try:
+            idle = wait_for(
+                lambda: hpa_metric(kubectl, namespace, name), timeout=SCALE_TIMEOUT, what="the HPA's metric"
+            )
+        except pytest.fail.Exception as failure:
+            pytest.fail(f"{failure}; the HPA's conditions: {hpa_conditions(kubectl, namespace, name)}")
         assert float(idle.rstrip("m")) == 0, f"{POD_METRICS[metric]} idle: {idle}"
 
         started = time.monotonic()
