@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from inferop.prometheus import PrometheusError, find_binary, render_chart
+from inferop_devtools.prometheus import PrometheusError, find_binary, render_chart
 from inferop_operator.builders import POD_METRICS
 
 pytestmark = pytest.mark.integration

@@ -22,6 +22,7 @@ import pytest
 
 from inferop import scheduling
 from inferop_operator import builders
+from inferop_operator.identity import GROUP
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
 
@@ -132,7 +133,7 @@ def test_rendered_deployment_starts_and_serves(
 
             # The model-repository API is closed: without the header, and with the token the operator used to
             # derive from the service's uid (which anyone who can read the InferenceService could compute).
-            old_token = hashlib.sha256(f"inferop.dev/{service.uid}".encode()).hexdigest()[:32]
+            old_token = hashlib.sha256(f"{GROUP}/{service.uid}".encode()).hexdigest()[:32]
             for headers in ({}, {builders.ADMIN_HEADER: old_token}):
                 status, answer = repository_index_status(server.url, headers)
                 assert status == 403, (headers, status, answer)

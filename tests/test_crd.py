@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from inferop_operator.builders import Service
-from inferop_operator.crd import CRD_PATH, build_crd, main, render_crd
+from inferop_operator.crd import CRD_PATH, IDENTITY_TEMPLATE, build_crd, main, render_crd, render_identity_template
+from inferop_operator.identity import CRD_NAME, GROUP, KIND, PLURAL, SHORT_NAME, VERSION
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import SpecError, parse_spec
 from inferop_operator.status import Status, deployed_status
@@ -67,17 +68,13 @@ def properties(schema: dict[str, Any], path: str = "spec") -> Iterator[tuple[str
 class TestIdentity:
     def test_group_names_and_version(self, crd: dict[str, Any], version: dict[str, Any]) -> None:
         assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
-        assert crd["metadata"]["name"] == "inferenceservices.inferop.dev"
-        assert crd["spec"]["group"] == "inferop.dev"
+        assert crd["metadata"]["name"] == CRD_NAME == f"{PLURAL}.{GROUP}"
+        assert crd["spec"]["group"] == GROUP
         assert crd["spec"]["scope"] == "Namespaced"
         names = crd["spec"]["names"]
-        assert (names["kind"], names["plural"], names["singular"]) == (
-            "InferenceService",
-            "inferenceservices",
-            "inferenceservice",
-        )
-        assert names["shortNames"] == ["infsvc"]
-        assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
+        assert (names["kind"], names["plural"], names["singular"]) == (KIND, PLURAL, KIND.lower())
+        assert names["shortNames"] == [SHORT_NAME]
+        assert (version["name"], version["served"], version["storage"]) == (VERSION, True, True)
 
     def test_status_and_scale_subresources(self, version: dict[str, Any]) -> None:
         subresources = version["subresources"]
@@ -281,7 +278,7 @@ class TestExamplesAgainstTheSchema:
 class TestCommittedCrd:
     def test_chart_crd_is_current(self) -> None:
         """The drift check: regenerate with `make crd` when the spec model changes."""
-        assert CRD_PATH == CHART_CRDS / "inferenceservices.inferop.dev.yaml"
+        assert CHART_CRDS / f"{CRD_NAME}.yaml" == CRD_PATH
         assert CRD_PATH.read_text() == render_crd()
 
     def test_chart_holds_only_generated_crds(self) -> None:
@@ -309,6 +306,19 @@ class TestCommittedCrd:
         monkeypatch.setattr("inferop_operator.crd.CRD_PATH", stale)
         assert main(["--check"]) == 1
         assert "make crd" in capsys.readouterr().err
+
+    def test_check_fails_when_the_charts_identity_drifts(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: Any
+    ) -> None:
+        stale = tmp_path / "_identity.tpl"
+        stale.write_text(render_identity_template().replace(GROUP, "example.com"))
+        monkeypatch.setattr("inferop_operator.crd.IDENTITY_TEMPLATE", stale)
+        assert main(["--check"]) == 1
+        assert str(stale) in capsys.readouterr().err
+
+    def test_the_charts_identity_template_is_generated(self) -> None:
+        assert IDENTITY_TEMPLATE.read_text() == render_identity_template()
+        assert f'define "inferop.apiGroup" -}}}}{GROUP}{{{{' in IDENTITY_TEMPLATE.read_text()
 
 
 def conv_net_spec(**changes: Any) -> dict[str, Any]:

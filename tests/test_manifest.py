@@ -14,6 +14,7 @@ from inferop.processing import Processing
 from inferop.quantity import parse_quantity
 from inferop.tritonconfig import ServingConfig, parse_model_config, render_model_config
 from inferop_export.manifest import MEMORY_MARGIN, build_manifest, write_manifest
+from inferop_operator.identity import API_VERSION
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import InferenceServiceSpec, SpecError, parse_spec
 
@@ -168,7 +169,7 @@ class TestBuildManifest:
 
     def test_resource_names(self) -> None:
         manifest = build_manifest(CONV_NET)
-        assert manifest["apiVersion"] == "inferop.dev/v1alpha1"
+        assert manifest["apiVersion"] == API_VERSION
         assert manifest["kind"] == "InferenceService"
         assert manifest["metadata"] == {"name": "conv-net"}
         assert build_manifest(WIDE)["metadata"]["name"] == "wide.model"

@@ -20,7 +20,6 @@ from inferop.tritonconfig import parse_model_config
 from inferop_operator.builders import (
     CHILDREN,
     CONFIG_DIR,
-    CONFIG_HASH_ANNOTATION,
     MODEL_REPOSITORY,
     MODEL_SOURCE,
     Service,
@@ -34,6 +33,7 @@ from inferop_operator.builders import (
     source_volume,
     triton_args,
 )
+from inferop_operator.identity import API_VERSION, CONFIG_HASH_ANNOTATION, GROUP
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import SpecError, parse_spec
 from tests import specs
@@ -115,7 +115,7 @@ def init_container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
 
 def owner_reference(name: str = "conv-net") -> dict[str, Any]:
     return {
-        "apiVersion": "inferop.dev/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "InferenceService",
         "name": name,
         "uid": UID,
@@ -319,7 +319,7 @@ class TestTritonArgs:
         first, second = admin_token(started_argv(service, tmp_path)), admin_token(started_argv(service, tmp_path))
         assert re.fullmatch(r"[0-9a-f]{32}", first)
         assert first != second  # a restart draws a new one
-        old_derived = hashlib.sha256(f"inferop.dev/{service.uid}".encode()).hexdigest()[:32]
+        old_derived = hashlib.sha256(f"{GROUP}/{service.uid}".encode()).hexdigest()[:32]
         assert old_derived not in (first, second)
         rendered = json.dumps([c.build(service, c.versions[0]) for c in CHILDREN if c.wanted(service)])
         assert first not in rendered and old_derived not in rendered

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from inferop_operator.identity import API_VERSION
 from inferop_operator.spec import InferenceServiceSpec, SpecError, parse_spec
 from tests.specs import MODEL, raw_spec
 
@@ -226,7 +227,7 @@ class TestExamples:
     def test_accepted_examples_parse(self, path: Path) -> None:
         manifest = yaml.safe_load(path.read_text())
         assert manifest["kind"] == "InferenceService"
-        assert manifest["apiVersion"] == "inferop.dev/v1alpha1"
+        assert manifest["apiVersion"] == API_VERSION
         assert isinstance(parse_spec(manifest["spec"]), InferenceServiceSpec)
 
     @pytest.mark.parametrize("path", _manifests(EXAMPLES / "invalid"))

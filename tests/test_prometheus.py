@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from inferop.prometheus import (
+from inferop_devtools.prometheus import (
     CHART_JOB,
     Prometheus,
     PrometheusError,
@@ -19,7 +19,6 @@ from inferop.prometheus import (
     chart_alert_rules,
     config,
     find_binary,
-    find_helm,
     rule_file,
 )
 from tests.conftest import ExportedRepo, RunningServer, wait_for
@@ -75,10 +74,6 @@ def prometheus_binary() -> None:
 @pytest.fixture(scope="module")
 def drill_rules() -> dict[str, Any]:
     """The chart's rules with a drill's durations."""
-    try:
-        find_helm()
-    except PrometheusError as error:
-        pytest.skip(str(error))
     return chart_alert_rules(DRILL)
 
 

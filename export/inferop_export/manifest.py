@@ -14,8 +14,9 @@ from typing import Any
 import yaml
 
 from inferop.quantity import format_bytes
+from inferop_operator.identity import API_VERSION, KIND
 from inferop_operator.plan import MEMORY_MARGIN, plan_service
-from inferop_operator.spec import GROUP, KIND, VERSION, InferenceServiceSpec, parse_spec
+from inferop_operator.spec import InferenceServiceSpec, parse_spec
 
 # The sections a manifest spells out in full; the others (runtime, autoscaling, gpu) only where set.
 SPELLED_OUT = {"model", "replicas", "instances", "threads", "batching", "timeouts"}
@@ -36,7 +37,7 @@ def build_manifest(spec: InferenceServiceSpec, name: str | None = None, cpus: st
     fields["resources"]["requests"]["memory"] = fields["resources"]["limits"]["memory"] = memory
     plan_service(parse_spec(fields))  # raises if the operator would refuse it
     metadata = {"name": name or spec.model.name.replace("_", "-").lower()}
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": metadata, "spec": fields}
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": fields}
 
 
 def write_manifest(spec: InferenceServiceSpec, path: Path, name: str | None = None) -> Path:

@@ -14,8 +14,10 @@ from typing import Any
 
 from inferop import scheduling
 from inferop.tritonconfig import render_model_config
+from inferop_operator import identity
+from inferop_operator.identity import API_VERSION, CONFIG_HASH_ANNOTATION, KIND
 from inferop_operator.plan import Plan
-from inferop_operator.spec import GROUP, KIND, VERSION, InferenceServiceSpec
+from inferop_operator.spec import InferenceServiceSpec
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 MODEL_REPOSITORY = "/models"
@@ -25,7 +27,6 @@ CONFIG_KEY = "config.pbtxt"
 OCI_MODEL_DIR = "/model"  # where a model image (oci://) holds the model directory
 TRITON_UID = 1000  # the triton-server user of NVIDIA's images
 STARTUP_PROBE_PERIOD = 5
-CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 # Header that would unlock Triton's model-repository and shared-memory APIs. Its value is random, drawn by the
 # container's shell at each start (`start_script`) and held only in tritonserver's argv: no object, env var, log or
 # field of the InferenceService carries it, so nobody (the operator included, which never calls those APIs) has it.
@@ -64,15 +65,11 @@ class Service:
 
 
 def labels(service: Service) -> dict[str, str]:
-    return {**selector_labels(service), "app.kubernetes.io/name": "triton", "app.kubernetes.io/part-of": "inferop"}
+    return identity.labels(service.name)
 
 
 def selector_labels(service: Service) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/instance": service.name,
-        "app.kubernetes.io/component": "predictor",
-        "app.kubernetes.io/managed-by": "inferop",
-    }
+    return identity.selector_labels(service.name)
 
 
 def metadata(service: Service, name: str) -> dict[str, Any]:
@@ -82,7 +79,7 @@ def metadata(service: Service, name: str) -> dict[str, Any]:
         "labels": labels(service),
         "ownerReferences": [
             {
-                "apiVersion": f"{GROUP}/{VERSION}",
+                "apiVersion": API_VERSION,
                 "kind": KIND,
                 "name": service.name,
                 "uid": service.uid,

@@ -1,7 +1,8 @@
-"""The CustomResourceDefinition, generated from the typed spec and status so they cannot drift.
+"""The CustomResourceDefinition, generated from the typed spec and status so they cannot drift, and the chart's
+identity template, generated from the identity module.
 
-`python -m inferop_operator.crd --write` regenerates the chart's CRD file; `--check` (in `make check`)
-fails when the committed file differs from what the spec and status models say.
+`python -m inferop_operator.crd --write` regenerates both chart files; `--check` (in `make check`) fails when a
+committed file differs from what the spec, status and identity say.
 """
 
 from __future__ import annotations
@@ -9,15 +10,19 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from inferop_operator.spec import GROUP, KIND, PLURAL, SHORT_NAME, VERSION, InferenceServiceSpec
+from inferop_operator.identity import CRD_NAME, GROUP, KIND, PLURAL, PREDICTOR, SHORT_NAME, VERSION
+from inferop_operator.spec import InferenceServiceSpec
 from inferop_operator.status import Status
 
-CRD_PATH = Path(__file__).resolve().parents[2] / "charts" / "inferop" / "crds" / f"{PLURAL}.{GROUP}.yaml"
+CHART = Path(__file__).resolve().parents[2] / "charts" / "inferop"
+CRD_PATH = CHART / "crds" / f"{CRD_NAME}.yaml"
+IDENTITY_TEMPLATE = CHART / "templates" / "_identity.tpl"
 # Keywords a structural OpenAPI v3 schema keeps; pydantic's others (title, $defs, ...) are dropped.
 KEPT = {
     "type", "description", "default", "enum", "pattern", "minimum", "maximum", "minLength", "maxLength",
@@ -91,7 +96,7 @@ def build_crd() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}", "labels": {"app.kubernetes.io/part-of": "inferop"}},
+        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/part-of": "inferop"}},
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
@@ -153,24 +158,55 @@ def render_crd() -> str:
     return header + yaml.safe_dump(build_crd(), sort_keys=False, width=120)
 
 
+def render_identity_template() -> str:
+    """The chart's named templates for what the identity module states: the API group its RBAC grants and the
+    labels its PodMonitor selects, so the chart spells neither by hand."""
+    selector = "\n".join(f"{key}: {value}" for key, value in sorted(PREDICTOR.items()))
+    return "\n".join(
+        [
+            "{{/* Generated from inferop_operator/identity.py by `make crd`; `make check` fails if it drifts. */}}",
+            "",
+            "{{/* The API group of InferenceServices. */}}",
+            f'{{{{- define "inferop.apiGroup" -}}}}{GROUP}{{{{- end }}}}',
+            "",
+            "{{/* Labels selecting the Triton pods of every InferenceService. */}}",
+            '{{- define "inferop.predictorSelector" -}}',
+            selector,
+            "{{- end }}",
+            "",
+        ]
+    )
+
+
+def generated() -> dict[Path, Callable[[], str]]:
+    """Each generated file and what renders it: `--write` writes them all, `--check` fails on any that drifted."""
+    return {CRD_PATH: render_crd, IDENTITY_TEMPLATE: render_identity_template}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument("--write", action="store_true", help=f"write {CRD_PATH}")
-    action.add_argument("--check", action="store_true", help="fail if the committed CRD differs from the models")
+    action.add_argument("--write", action="store_true", help=f"write {', '.join(map(str, generated()))}")
+    action.add_argument("--check", action="store_true", help="fail if a committed file differs from the models")
     action.add_argument("--print", action="store_true", help="print the CRD")
     args = parser.parse_args(argv)
-    text = render_crd()
     if args.print:
-        sys.stdout.write(text)
-    elif args.write:
-        CRD_PATH.parent.mkdir(parents=True, exist_ok=True)
-        CRD_PATH.write_text(text)
-        print(f"wrote {CRD_PATH}")
-    elif not CRD_PATH.exists() or CRD_PATH.read_text() != text:
-        print(f"{CRD_PATH} is out of date with inferop_operator/spec.py or status.py: run `make crd`", file=sys.stderr)
-        return 1
-    return 0
+        sys.stdout.write(render_crd())
+        return 0
+    stale = []
+    for path, render in generated().items():
+        text = render()
+        if args.write:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path}")
+        elif not path.exists() or path.read_text() != text:
+            stale.append(path)
+    for path in stale:
+        print(
+            f"{path} is out of date with inferop_operator's spec, status or identity: run `make crd`", file=sys.stderr
+        )
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -16,10 +16,21 @@ from kubernetes.client.exceptions import ApiException
 
 from inferop.errors import InferopError
 from inferop_operator.builders import CHILDREN, Service
+from inferop_operator.identity import (
+    API_VERSION,
+    GROUP,
+    INSTANCE,
+    KIND,
+    MANAGED,
+    PLURAL,
+    PREDICTOR,
+    VERSION,
+    label_selector,
+)
 from inferop_operator.kubeapi import ApiFailure, KubeApi, load_client
 from inferop_operator.plan import Refusal, plan_service
 from inferop_operator.settings import OperatorSettings
-from inferop_operator.spec import GROUP, KIND, PLURAL, VERSION, InferenceServiceSpec, SpecError, parse_spec
+from inferop_operator.spec import InferenceServiceSpec, SpecError, parse_spec
 from inferop_operator.status import (
     Status,
     children_failed_status,
@@ -39,10 +50,6 @@ from inferop_operator.status import (
 
 SETTINGS = OperatorSettings()
 log = logging.getLogger(__name__)
-MANAGED = {"app.kubernetes.io/managed-by": "inferop"}
-# The Triton pods of every service (builders.selector_labels less the instance, which names the service).
-PREDICTOR = {**MANAGED, "app.kubernetes.io/component": "predictor"}
-INSTANCE = "app.kubernetes.io/instance"
 # Seconds before a reconcile that could not reach the API server is tried again.
 UNREACHABLE_RETRY = 2.0
 P = ParamSpec("P")
@@ -89,12 +96,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.error_backoffs = [1, 1, 2, 3, *[5] * 60]
     # The API server sends only our Deployments and Triton pods: the handlers' label filters alone would have every
     # pod and Deployment of the cluster streamed to the operator and remembered by kopf.
-    settings.watching.label_selectors["apps", "v1", "deployments"] = selector(MANAGED)
-    settings.watching.label_selectors["", "v1", "pods"] = selector(PREDICTOR)
-
-
-def selector(labels: Mapping[str, str]) -> str:
-    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+    settings.watching.label_selectors["apps", "v1", "deployments"] = label_selector(MANAGED)
+    settings.watching.label_selectors["", "v1", "pods"] = label_selector(PREDICTOR)
 
 
 @kopf.on.login()
@@ -395,7 +398,7 @@ async def write_status(namespace: str, name: str, written: Mapping[str, Any], ne
 def service_ref(namespace: str, name: str, uid: str) -> dict[str, Any]:
     """What kopf needs of an InferenceService to post an Event about it."""
     return {
-        "apiVersion": f"{GROUP}/{VERSION}",
+        "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": {"name": name, "namespace": namespace, "uid": uid},
     }

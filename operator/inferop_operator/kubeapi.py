@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from inferop.errors import InferopError
 from inferop_operator.builders import CHILDREN, Child
-from inferop_operator.spec import GROUP, KIND, PLURAL, VERSION
+from inferop_operator.identity import API_VERSION, KIND, PLURAL
 
 PLURALS = {**{child.kind: child.plural for child in CHILDREN}, KIND: PLURAL}
 REQUEST_TIMEOUT = 30  # seconds; no call to the API server may hang
@@ -189,7 +189,7 @@ class KubeApi:
     def patch_service_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self._call(
             "PATCH",
-            resource_path(f"{GROUP}/{VERSION}", "InferenceService", namespace, name) + "/status",
+            resource_path(API_VERSION, KIND, namespace, name) + "/status",
             header_params={"Content-Type": "application/merge-patch+json"},
             body={"status": status},
         )

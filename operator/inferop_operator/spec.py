@@ -19,11 +19,6 @@ from inferop.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
 from inferop.threads import ThreadPlan
 from inferop.tritonconfig import DYNAMIC_DIM, TENSOR_NAME_PATTERN, Datatype, ServingConfig, TensorSpec
 
-GROUP = "inferop.dev"
-VERSION = "v1alpha1"
-KIND = "InferenceService"
-PLURAL = "inferenceservices"
-SHORT_NAME = "infsvc"
 STORAGE_SCHEMES = ("pvc", "hostpath", "oci")
 GPU_RESOURCE = "nvidia.com/gpu"
 MAX_NAME_LENGTH = 253  # a Kubernetes object name (a DNS subdomain), such as a PersistentVolumeClaim's

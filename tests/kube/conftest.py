@@ -29,6 +29,7 @@ from inferop_devtools.cluster.controlplane import (
     KubernetesRelease,
     kube_binaries,
 )
+from inferop_devtools.cluster.tools import kube_tools
 from tests.conftest import wait_for
 
 REPO = repo_root()
@@ -70,15 +71,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def measured(request: pytest.FixtureRequest) -> Callable[[str], None]:
     """Record a figure for the run's summary, under the test's id."""
     return lambda line: MEASURED.append(f"{request.node.nodeid.split('::')[-1]}: {line}")
-
-
-def kube_tools_dir() -> Path:
-    out = subprocess.run(
-        ["bash", str(REPO / "scripts" / "helm-kubectl.sh")], capture_output=True, text=True, check=False
-    )
-    if out.returncode != 0:
-        pytest.skip(f"helm/kubectl unavailable (run scripts/helm-kubectl.sh): {out.stderr.strip()[-300:]}")
-    return Path(out.stdout.strip().splitlines()[-1])
 
 
 class Kubectl:
@@ -164,7 +156,7 @@ def kubectl(control_plane: ControlPlane, kubernetes: KubernetesRelease, kwok: Kw
     # kubectl supports a server one minor version away: the current release brings its own, 1.20 takes the one
     # from the registries (1.33, which still talks to it).
     own = kube_binaries(build=False, release=kubernetes) / "kubectl"
-    tool = Kubectl(control_plane.kubeconfig, kube_tools_dir(), own if own.exists() else None)
+    tool = Kubectl(control_plane.kubeconfig, kube_tools(), own if own.exists() else None)
     tool.run("apply", *kubernetes.kubectl_crd_flags, "-f", str(CRD_DIR))
     wait_for(
         lambda: '"Established"' in tool.run("get", "crd/inferenceservices.inferop.dev", "-o", "json").stdout,

@@ -23,10 +23,11 @@ import numpy as np
 import pytest
 import yaml
 
-from inferop.prometheus import Prometheus, render_chart
 from inferop_devtools.cluster.addons import Kwok, MetricsAdapter, PodTargets
 from inferop_devtools.cluster.controlplane import ControlPlane
+from inferop_devtools.prometheus import Prometheus, render_chart
 from inferop_operator.builders import POD_METRICS
+from inferop_operator.identity import INSTANCE, label_selector
 from tests.conftest import SERVE_EXTRA
 from tests.kube.conftest import Kubectl, apply_text, manifest, wait_for
 
@@ -159,7 +160,7 @@ def test_the_hpa_scales_out_under_load_and_back_in_after_it(
         "scaleDownStabilizationSeconds": 0,
     }
     apply_text(kubectl, namespace, manifest(name, autoscaling=autoscaling))
-    selector = f"app.kubernetes.io/instance={name}"
+    selector = label_selector({INSTANCE: name})
     address = f"127.0.0.1:{pipeline.triton.metrics_port}"
     with PodTargets(pipeline.kubeconfig, namespace, selector, address, pipeline.targets):
         # Idle: one pod runs, and the HPA reads the metric through the adapter (0: nothing waits).

@@ -17,10 +17,11 @@ import pytest
 import yaml
 
 from inferop_devtools.cluster.controlplane import ControlPlane, KubernetesRelease
+from inferop_devtools.cluster.tools import kube_tools
 from inferop_operator.builders import CHILDREN
 from inferop_operator.cli import STOP_BOUND_SECONDS
-from inferop_operator.spec import GROUP, PLURAL
-from tests.kube.conftest import REPO, Kubectl, kube_tools_dir, runs_pods, wait_for
+from inferop_operator.identity import GROUP, PLURAL
+from tests.kube.conftest import REPO, Kubectl, runs_pods, wait_for
 from tests.test_operator_pod_security import restricted_violations
 
 pytestmark = pytest.mark.integration
@@ -68,7 +69,7 @@ class Helm:
 
 @pytest.fixture(scope="session")
 def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    return Helm(kube_tools_dir(), tmp_path_factory.mktemp("helm-home"))
+    return Helm(kube_tools(), tmp_path_factory.mktemp("helm-home"))
 
 
 @pytest.fixture(scope="session")

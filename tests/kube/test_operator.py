@@ -14,7 +14,7 @@ import yaml
 from inferop.quantity import format_bytes
 from inferop.tritonconfig import parse_model_config
 from inferop_devtools.cluster.controlplane import KubernetesRelease
-from inferop_operator.builders import CONFIG_HASH_ANNOTATION
+from inferop_operator.identity import CONFIG_HASH_ANNOTATION, INSTANCE, label_selector
 from tests.kube.conftest import (
     AUTOSCALING,
     CONV_NET_THREADS,
@@ -705,7 +705,7 @@ def _events(kubectl: Kubectl, namespace: str, reason: str) -> list[dict[str, Any
 
 
 def _pod_of(kubectl: Kubectl, namespace: str, instance: str) -> str | None:
-    result = kubectl.run("-n", namespace, "get", "pods", "-l", f"app.kubernetes.io/instance={instance}", "-o", "name")
+    result = kubectl.run("-n", namespace, "get", "pods", "-l", label_selector({INSTANCE: instance}), "-o", "name")
     names = result.stdout.split()
     return names[0].removeprefix("pod/") if names else None
 
@@ -725,7 +725,7 @@ class TestPodSecurity:
             kubectl.run("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
             applied = kubectl.apply(namespace, EXAMPLES / "inception-v3.yaml")
             assert applied.returncode == 0, applied.stderr
-            selector = "app.kubernetes.io/instance=inception-v3"
+            selector = label_selector({INSTANCE: "inception-v3"})
             pods = wait_for(
                 lambda: json.loads(kubectl.run("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout)[
                     "items"

@@ -26,6 +26,8 @@ import pytest
 import yaml
 
 from inferop_devtools.cluster.controlplane import ControlPlane, KubernetesRelease, free_ports
+from inferop_devtools.cluster.tools import kube_tools
+from inferop_operator.identity import CRD_NAME
 from tests.kube.conftest import (
     AUTOSCALING,
     CONV_NET_THREADS,
@@ -33,7 +35,6 @@ from tests.kube.conftest import (
     EXAMPLES,
     Kubectl,
     OperatorRunner,
-    kube_tools_dir,
     wait_for,
 )
 from tests.kube.test_chart import CHART, Helm
@@ -54,7 +55,7 @@ BASELINE = {
 
 @pytest.fixture(scope="module")
 def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    return Helm(kube_tools_dir(), tmp_path_factory.mktemp("helm-home"))
+    return Helm(kube_tools(), tmp_path_factory.mktemp("helm-home"))
 
 
 @pytest.fixture(scope="module")
@@ -328,7 +329,7 @@ class TestNamespaced:
         [
             ("patch", "deployments.apps", "watched", True),
             ("create", "deployments.apps", "watched", True),
-            ("patch", "inferenceservices.inferop.dev/status", "watched", True),
+            ("patch", f"{CRD_NAME}/status", "watched", True),
             ("delete", "horizontalpodautoscalers.autoscaling", "watched", True),
             ("patch", "poddisruptionbudgets.policy", "watched", True),
             ("delete", "poddisruptionbudgets.policy", "watched", True),
@@ -350,12 +351,12 @@ class TestNamespaced:
             ("delete", "deployments.apps", "watched", False),
             ("update", "deployments.apps", "watched", False),
             ("delete", "configmaps", "watched", False),
-            ("delete", "inferenceservices.inferop.dev", "watched", False),
-            ("get", "inferenceservices.inferop.dev", "watched", False),  # owners come from kopf's index
+            ("delete", CRD_NAME, "watched", False),
+            ("get", CRD_NAME, "watched", False),  # owners come from kopf's index
             ("patch", "deployments.apps", "other", False),
-            ("list", "inferenceservices.inferop.dev", "other", False),
+            ("list", CRD_NAME, "other", False),
             ("create", "events", "other", False),
-            ("list", "inferenceservices.inferop.dev", None, False),
+            ("list", CRD_NAME, None, False),
             ("patch", "deployments.apps", None, False),
             ("create", "customresourcedefinitions.apiextensions.k8s.io", None, False),
             ("delete", "namespaces", None, False),
@@ -371,8 +372,8 @@ class TestNamespaced:
         # With an exact --namespace the operator scans nothing cluster-wide, so it is granted nothing there.
         assert granted(kubectl, installed, installed.other) == {}
         assert granted(kubectl, installed, installed.watched) == {
-            "inferenceservices.inferop.dev": {"list", "watch", "patch"},
-            "inferenceservices.inferop.dev/status": {"patch"},
+            CRD_NAME: {"list", "watch", "patch"},
+            f"{CRD_NAME}/status": {"patch"},
             "deployments.apps": {"list", "watch", "create", "patch"},
             "configmaps": {"create", "patch"},
             "services": {"create", "patch"},
@@ -414,7 +415,7 @@ class TestClusterWide:
         ("verb", "resource", "allowed"),
         [
             ("patch", "deployments.apps", True),
-            ("list", "inferenceservices.inferop.dev", True),
+            ("list", CRD_NAME, True),
             ("list", "customresourcedefinitions.apiextensions.k8s.io", True),
             ("list", "secrets", False),
             ("get", "secrets", False),

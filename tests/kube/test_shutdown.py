@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from inferop_devtools.cluster.controlplane import ControlPlane, kube_binaries, process_running
+from inferop_devtools.cluster.tools import kube_tools
 from inferop_operator.cli import STOP_BOUND_SECONDS
-from tests.kube.conftest import CRD_DIR, EXAMPLES, Kubectl, kube_tools_dir, wait_for
+from tests.kube.conftest import CRD_DIR, EXAMPLES, Kubectl, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +43,7 @@ def plane(tmp_path: Path) -> Iterator[ControlPlane]:
 @pytest.fixture()
 def running_operator(plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     """`inferop operator` reconciling the conv-net example on `plane`, with its log."""
-    kubectl = Kubectl(plane.kubeconfig, kube_tools_dir())
+    kubectl = Kubectl(plane.kubeconfig, kube_tools())
     kubectl.run("apply", *plane.release.kubectl_crd_flags, "-f", str(CRD_DIR))
     wait_for(
         lambda: '"Established"' in kubectl.run("get", "crd/inferenceservices.inferop.dev", "-o", "json").stdout,

@@ -64,12 +64,6 @@ app.kubernetes.io/part-of: inferop
 {{- if and .Values.monitoring.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") }}true{{ end }}
 {{- end }}
 
-{{/* Labels selecting the Triton pods the operator creates (operator/inferop_operator/builders.py). */}}
-{{- define "inferop.predictorSelector" -}}
-app.kubernetes.io/managed-by: inferop
-app.kubernetes.io/component: predictor
-{{- end }}
-
 {{/*
 RBAC, split like kopf's own example (docs/deployment-rbac.yaml): what the framework needs to watch and
 report, and what the application's handlers do. Every verb below was checked against a real API server
@@ -82,8 +76,8 @@ operator/inferop_operator/builders.py) exactly the verbs its reconcile loop uses
 {{- define "inferop.frameworkRules" -}}
 # kopf lists and watches InferenceServices (the handlers and the in-memory index that the Deployment
 # handler reads its owner from, so no GET is needed), and patches them to keep its handler progress and
-# the last handled spec in inferop.dev/* annotations.
-- apiGroups: ["inferop.dev"]
+# the last handled spec in annotations of the API group.
+- apiGroups: [{{ include "inferop.apiGroup" . | quote }}]
   resources: ["inferenceservices"]
   verbs: ["list", "watch", "patch"]
 # kopf watches Deployments for the handler that follows their readiness into the owner's status.
@@ -105,7 +99,7 @@ operator/inferop_operator/builders.py) exactly the verbs its reconcile loop uses
 
 {{- define "inferop.applicationRules" -}}
 # Phase, conditions and thread plan go to the status subresource (merge patch).
-- apiGroups: ["inferop.dev"]
+- apiGroups: [{{ include "inferop.apiGroup" . | quote }}]
   resources: ["inferenceservices/status"]
   verbs: ["patch"]
 # Children are written by server-side apply: a PATCH, which the API server also authorizes as a create

@@ -17,9 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from inferop_devtools.drills.harness import (
-    GROUP,
-    PLURAL,
-    VERSION,
     DrillCluster,
     converged,
     example_spec,
@@ -27,6 +24,7 @@ from inferop_devtools.drills.harness import (
     service,
     watch_until,
 )
+from inferop_operator.identity import GROUP, PLURAL, VERSION
 
 DELETED = object()  # a mutation's value that removes the field
 

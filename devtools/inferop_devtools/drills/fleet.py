@@ -14,9 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from inferop_devtools.drills.harness import (
-    GROUP,
-    PLURAL,
-    VERSION,
     DrillCluster,
     converged,
     example_spec,
@@ -25,6 +22,7 @@ from inferop_devtools.drills.harness import (
     service,
     watch_until,
 )
+from inferop_operator.identity import GROUP, MANAGED, PLURAL, VERSION, label_selector
 
 CONVERGE_GOAL_S = 120.0
 CREATORS = 8
@@ -34,7 +32,7 @@ RSS_GOAL_MB = 300.0
 
 def resource_versions(cluster: DrillCluster) -> dict[str, str]:
     """Every object the operator writes, by kind/namespace/name: equal snapshots mean nothing was written."""
-    selector = "app.kubernetes.io/managed-by=inferop"
+    selector = label_selector(MANAGED)
     versions: dict[str, str] = {}
     for item in cluster.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
         meta = item["metadata"]
@@ -55,7 +53,6 @@ def run_fleet(root: Path, services: int = 1000, namespaces: int = 10, resync: fl
     deployed_at: dict[str, float] = {}
     with DrillCluster(root) as cluster, operator_running(cluster, root / "operator.log", resync) as operator:
         cluster.create_namespaces(sorted({namespace for namespace, _ in names}))
-        peak_rss = 0
 
         def seen(item: dict[str, Any]) -> None:
             deployed_at.setdefault(f"{item['metadata']['namespace']}/{item['metadata']['name']}", time.perf_counter())
@@ -86,15 +83,6 @@ def run_fleet(root: Path, services: int = 1000, namespaces: int = 10, resync: fl
             list(creators.map(create, names))
         created_s = time.perf_counter() - start
 
-        def sample_rss() -> None:
-            nonlocal peak_rss
-            while not done.is_set():
-                peak_rss = max(peak_rss, operator.rss_bytes())
-                done.wait(0.5)
-
-        done = threading.Event()
-        sampler = threading.Thread(target=sample_rss, daemon=True)
-        sampler.start()
         watch_until(
             f"{services} services to converge",
             CONVERGE_GOAL_S * 3,
@@ -107,8 +95,6 @@ def run_fleet(root: Path, services: int = 1000, namespaces: int = 10, resync: fl
         )
         converge_s = time.perf_counter() - start
         follower.join(60)
-        done.set()
-        sampler.join()
 
         # Steady state: once nothing changes any more (the last Deployments' own status settles a little after
         # convergence), one and a half resync intervals, so every service's timer fires at least once.
@@ -125,6 +111,8 @@ def run_fleet(root: Path, services: int = 1000, namespaces: int = 10, resync: fl
         time.sleep(window)
         after_versions, after_requests = resource_versions(cluster), cluster.request_counts()
         rss_after = operator.rss_bytes()
+        # The kernel's high-water mark covers the whole run, the create burst included: no sampling can miss it.
+        peak_rss = operator.peak_rss_bytes()
         tracebacks = operator.tracebacks()
         alive = operator.running()
 
@@ -139,7 +127,8 @@ def run_fleet(root: Path, services: int = 1000, namespaces: int = 10, resync: fl
         "namespaces": namespaces,
         "create_all_s": round(created_s, 2),
         "converge_s": round(converge_s, 2),
-        "operator_peak_rss_mb": round(max(peak_rss, rss_after) / 2**20, 1),
+        "operator_peak_rss_mb": round(peak_rss / 2**20, 1),
+        "operator_steady_rss_mb": round(rss_after / 2**20, 1),
         "apply_to_deployment_p50_s": round(percentile(latencies, 0.5), 3),
         "apply_to_deployment_p99_s": round(percentile(latencies, 0.99), 3),
         "deployments_seen": len(latencies),
@@ -170,8 +159,9 @@ def format_fleet(result: dict[str, Any]) -> str:
             "|---|---|---|",
             f"| all converge in < {CONVERGE_GOAL_S:.0f} s | {result['converge_s']} s (ratio "
             f"{result['converge_s'] / CONVERGE_GOAL_S:.2f}) | {met(result['converge_s'] < CONVERGE_GOAL_S)} |",
-            f"| operator RSS < {RSS_GOAL_MB:.0f} MB | peak {result['operator_peak_rss_mb']} MB (ratio "
-            f"{result['operator_peak_rss_mb'] / RSS_GOAL_MB:.2f}) | "
+            f"| operator RSS < {RSS_GOAL_MB:.0f} MB | peak {result['operator_peak_rss_mb']} MB (the kernel's VmHWM "
+            f"over the whole run; ratio {result['operator_peak_rss_mb'] / RSS_GOAL_MB:.2f}), steady "
+            f"{result.get('operator_steady_rss_mb', '?')} MB | "
             f"{met(result['operator_peak_rss_mb'] < RSS_GOAL_MB)} |",
             f"| a steady-state resync changes no object | {result['steady_changed_count']} of "
             f"{result['steady_objects']} objects changed in {result['steady_window_s']:.0f} s "

@@ -19,19 +19,12 @@ import yaml
 
 from inferop.paths import repo_root
 from inferop_devtools.cluster.controlplane import ControlPlane, free_ports, http_get
+from inferop_devtools.cluster.tools import kube_tools
+from inferop_operator.identity import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, VERSION
 
 ROOT = repo_root()
 CRD_DIR = ROOT / "charts" / "inferop" / "crds"
 EXAMPLE = ROOT / "operator" / "examples" / "conv-net.yaml"
-GROUP, VERSION, PLURAL = "inferop.dev", "v1alpha1", "inferenceservices"
-
-
-def kube_tools() -> Path:
-    """The directory with helm and kubectl (scripts/helm-kubectl.sh fetches them once)."""
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "helm-kubectl.sh")], capture_output=True, text=True, check=True
-    )
-    return Path(out.stdout.split()[-1])
 
 
 def example_spec() -> dict[str, Any]:
@@ -42,8 +35,8 @@ def example_spec() -> dict[str, Any]:
 
 def service(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "InferenceService",
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": name},
         "spec": spec if spec is not None else example_spec(),
     }
@@ -69,7 +62,7 @@ class DrillCluster:
                 "PATH": f"{self.tools}{os.pathsep}{os.environ['PATH']}",
             }
             self.kubectl("apply", *self.plane.release.kubectl_crd_flags, "-f", str(CRD_DIR))
-            self.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+            self.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
             self.api = config.new_client_from_config(str(self.plane.kubeconfig))
         except BaseException:  # no __exit__ follows a failed __enter__: the control plane must not outlive it
             self.plane.down()
@@ -180,11 +173,15 @@ class OperatorProcess:
         self.process = None
 
     def rss_bytes(self) -> int:
+        """Resident memory now."""
         assert self.process is not None
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS")
+        return process_memory(self.process.pid, "VmRSS")
+
+    def peak_rss_bytes(self) -> int:
+        """The kernel's own high-water mark of resident memory since this run started: no sampling can miss the
+        busiest moment."""
+        assert self.process is not None
+        return process_memory(self.process.pid, "VmHWM")
 
     def tracebacks(self) -> list[str]:
         """Each traceback the operator logged, by its last line (what was raised)."""
@@ -195,6 +192,14 @@ class OperatorProcess:
                 tail = next((x for x in lines[index + 1 :] if x and not x.startswith((" ", "\t"))), "")
                 found.append(tail[:300])
         return found
+
+
+def process_memory(pid: int, field: str) -> int:
+    """A memory figure of /proc/<pid>/status (VmRSS, VmHWM...) in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} for pid {pid}")
 
 
 def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:

@@ -14,11 +14,9 @@ from collections import Counter
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from inferop_devtools.drills.harness import (
-    GROUP,
-    PLURAL,
-    VERSION,
     DrillCluster,
     OperatorProcess,
     converged,
@@ -27,6 +25,7 @@ from inferop_devtools.drills.harness import (
     wait_until,
     watch_until,
 )
+from inferop_operator.identity import GROUP, MANAGED, PLURAL, VERSION, label_selector
 
 NAMESPACE = "kills"
 
@@ -73,7 +72,7 @@ def children_by_owner(cluster: DrillCluster) -> dict[str, Counter[str]]:
     owners: dict[str, Counter[str]] = {}
     for kind, path in CHILD_PATHS.items():
         for item in cluster.list_json(
-            path.format(namespace=NAMESPACE) + "?labelSelector=app.kubernetes.io/managed-by%3Dinferop"
+            path.format(namespace=NAMESPACE) + f"?labelSelector={quote(label_selector(MANAGED))}"
         ):
             for owner in item["metadata"].get("ownerReferences", []):
                 owners.setdefault(owner["uid"], Counter())[kind] += 1

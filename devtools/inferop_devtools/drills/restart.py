@@ -13,9 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from inferop_devtools.drills.harness import (
-    GROUP,
-    PLURAL,
-    VERSION,
     DrillCluster,
     converged,
     operator_running,
@@ -23,6 +20,7 @@ from inferop_devtools.drills.harness import (
     wait_until,
     watch_until,
 )
+from inferop_operator.identity import GROUP, PLURAL, VERSION
 
 NAMESPACE = "restart"
 GOAL_SECONDS = 30.0

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,10 +29,11 @@ from typing import Any
 import yaml
 
 from inferop.errors import InferopError
-from inferop.paths import cache_dir, repo_root
+from inferop.paths import repo_root
+from inferop_devtools.cluster.controlplane import free_ports
+from inferop_devtools.cluster.tools import helm
 
 GET_PROMETHEUS = "run scripts/prometheus.sh (Debian's prometheus package)"
-GET_HELM = "run scripts/helm-kubectl.sh"
 CHART = repo_root() / "charts" / "inferop"
 # The release the rules are rendered for. Its name contains the chart's, so the full name is the release
 # name and the PodMonitor's job (what every rule selects on) is "<namespace>/<release>-triton".
@@ -57,17 +57,6 @@ def find_binary(name: str) -> Path:
     return Path(found)
 
 
-def find_helm() -> Path:
-    """The helm that scripts/helm-kubectl.sh caches, else one on PATH."""
-    cached = cache_dir() / "bin" / "helm"
-    if os.access(cached, os.X_OK):
-        return cached
-    found = shutil.which("helm")
-    if found is None:
-        raise PrometheusError(f"helm not found: {GET_HELM}")
-    return Path(found)
-
-
 def render_chart(*args: str) -> str:
     """`helm template` of the chart with monitoring on (plus `args`), as helm prints it.
 
@@ -79,7 +68,7 @@ def render_chart(*args: str) -> str:
             "HELM_CONFIG_HOME": f"{home}/config",
             "HELM_DATA_HOME": f"{home}/data",
         }
-        argv = [str(find_helm()), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *MONITORING_ON, *args]
+        argv = [str(helm()), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *MONITORING_ON, *args]
         result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
     if result.returncode != 0:
         raise PrometheusError(f"helm template failed: {result.stderr.strip()}")
@@ -173,12 +162,6 @@ def _timestamp(text: str) -> datetime:
     return datetime.fromisoformat(f"{head}.{fraction}+00:00")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Prometheus:
     """A real Prometheus on 127.0.0.1 scraping `targets` (host:port of tritonserver's metrics port) as
     `job`, evaluating `rule_files` (rule-file dicts, e.g. from `chart_alert_rules`).
@@ -225,7 +208,7 @@ class Prometheus:
         intervals = (self.scrape_interval, self.evaluation_interval)
         settings = config(self.targets, self.job, rule_paths, *intervals, self.labels, self.file_sd)
         config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
-        self.port = _free_port()
+        self.port = free_ports(1)[0]
         argv = [
             str(binary),
             f"--config.file={config_path}",

@@ -1,0 +1,1 @@
+"""`make bench`: speed and memory figures against their targets, as ratios measured in one run."""

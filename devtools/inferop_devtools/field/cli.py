@@ -1,0 +1,72 @@
+"""`make field`: the four field failures reproduced under a pod's real limits, naive against inferop, in one run.
+
+Each drill starts the real tritonserver inside a cgroup (CPU quota, cpuset, memory limit: what the kubelet
+sets for a pod) on the last CPU, and drives it from the other CPUs. The naive deployment is what a user
+writes by hand with Triton's and ONNX Runtime's defaults; inferop's is what the operator renders for the
+same model and limits. Writes out/field/report.md, one JSON per drill and PNG plots.
+
+    python scripts/field.py [--drills threads,overload,memory,hang] [--calibrate]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from inferop.limits import cgroup_unavailable_reason
+from inferop.threads import local_cpus
+from inferop_devtools.field.hang import drill_hang
+from inferop_devtools.field.memory import calibrate, drill_memory
+from inferop_devtools.field.overload import drill_overload
+from inferop_devtools.field.pods import NETWORKS, OUT, ROOT, Machine, planned, pod, pod_spec
+from inferop_devtools.field.report import plot_drill, report
+from inferop_devtools.field.threads import drill_threads
+
+DRILLS: dict[str, Callable[[Machine], dict[str, Any]]] = {
+    "threads": drill_threads,
+    "overload": drill_overload,
+    "memory": drill_memory,
+    "hang": drill_hang,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="make field", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--drills", default=",".join(DRILLS), help=f"comma-separated, of {', '.join(DRILLS)}")
+    parser.add_argument("--calibrate", action="store_true", help="print the memory model's constants fitted")
+    args = parser.parse_args()
+    chosen = [name.strip() for name in args.drills.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(DRILLS))
+    if unknown:
+        print(f"error: --drills: unknown {unknown}; choose from {list(DRILLS)}", file=sys.stderr)
+        return 2
+    reason = cgroup_unavailable_reason()
+    if reason:
+        print(f"error: the drills need a pod's limits: {reason}", file=sys.stderr)
+        return 1
+    machine = Machine.split()
+    OUT.mkdir(parents=True, exist_ok=True)
+    # Warm the page cache: file pages are charged to the first cgroup that reads them, which would be
+    # whichever drill came first; a node that runs the image already has them.
+    for network in NETWORKS:
+        with pod(planned(pod_spec(network, cpus=1)), machine.limits(cpus=None)):
+            pass
+    started = time.monotonic()
+    results: dict[str, Any] = {}
+    for name in chosen:
+        print(f"=== drill {name}", flush=True)
+        results[name] = DRILLS[name](machine)
+        results[name]["plot"] = plot_drill(name, results[name])
+        (OUT / f"{name}.json").write_text(json.dumps(results[name], indent=2, default=str))
+    if args.calibrate and "memory" in results:
+        constants = calibrate(results["memory"]["grid"], f"make field, {time.strftime('%Y-%m-%d')}")
+        print(json.dumps(constants, indent=2))
+    text = report(results, time.monotonic() - started)
+    (OUT / "report.md").write_text(text)
+    print(text)
+    print(f"report: {(OUT / 'report.md').relative_to(ROOT)} (local CPUs {local_cpus()})")
+    return 0 if all(drill["goal"]["met"] for drill in results.values()) else 1

@@ -1,0 +1,188 @@
+"""What every field drill stands on: the machine split between server and load, the exported models, the
+naive and the planned configs, and a tritonserver in a pod-sized cgroup."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from inferop import bench
+from inferop.cli import main as inferop
+from inferop.limits import PodLimits
+from inferop.memory import LOCAL_RUNTIME
+from inferop.openloop import OpenLoopResult, generator_process, run_open_loop
+from inferop.paths import repo_root
+from inferop.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
+from inferop.serving.localrepo import write_model_repo
+from inferop.serving.tritonserver import TritonServer, free_port
+from inferop.tritonconfig import ServingConfig
+from inferop_operator.plan import plan_service
+from inferop_operator.spec import parse_spec
+
+ROOT = repo_root()
+REPO = ROOT / "model_repo"
+OUT = ROOT / "out" / "field"
+NETWORKS = ("conv_net", "inception_v3")
+MiB = 2**20
+# What a user's own tritonserver runs under; inferop's pods run under DEFAULT_CPU_SCHEDULING (SCHED_BATCH).
+NAIVE_SCHEDULING: CpuScheduling = "normal"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The server's CPU and the load generator's: a client must not take the cycles it measures."""
+
+    server_cpus: set[int]
+    client_cpus: set[int]
+
+    @classmethod
+    def split(cls) -> Machine:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            raise SystemExit("error: the drills need 2 CPUs: one for the server, one for the load generator")
+        return cls(server_cpus={cpus[-1]}, client_cpus=set(cpus[:-1]))
+
+    def limits(self, cpus: float | None = 1.0, memory_bytes: int | None = None) -> PodLimits:
+        cpuset = ",".join(map(str, sorted(self.server_cpus)))
+        return PodLimits(cpus=cpus, memory_bytes=memory_bytes, cpuset=cpuset)
+
+
+@functools.cache
+def exported_spec(network: str) -> dict[str, Any]:
+    """The InferenceService spec `inferop export` writes, with the profile it measured: exported once per
+    run, so the capacity the queue bound is derived from was measured on this machine, in this run."""
+    manifest = OUT / "manifests" / f"{network}.yaml"
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    if inferop(["export", network, "--repo", str(REPO), "--manifest", str(manifest)]) != 0:
+        raise SystemExit(f"error: exporting {network} failed")
+    spec: dict[str, Any] = yaml.safe_load(manifest.read_text())["spec"]
+    return spec
+
+
+def pod_spec(
+    network: str, cpus: float, memory: int | None = None, changes: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The exported spec with a pod's limits and the given top-level or `section.field` changes."""
+    spec = json.loads(json.dumps(exported_spec(network)))
+    limits: dict[str, Any] = {"cpu": f"{cpus:g}"}
+    if memory is not None:
+        limits["memory"] = f"{math.ceil(memory / MiB)}Mi"
+    spec["resources"] = {"limits": limits}
+    spec["threads"] = {}
+    spec.pop("replicas", None)
+    for key, value in (changes or {}).items():
+        section, _, field = key.partition(".")
+        if field:
+            spec.setdefault(section, {})[field] = value
+        else:
+            spec[key] = value
+    return spec
+
+
+def planned(raw: dict[str, Any]) -> ServingConfig:
+    """What the operator renders for `raw`, with the local runtime's memory constants."""
+    return plan_service(parse_spec(raw), LOCAL_RUNTIME).serving
+
+
+def naive(serving: ServingConfig, instances: int | None = None) -> ServingConfig:
+    """The same model as a user configures it by hand: Triton's defaults (an unbounded queue whose requests
+    wait for ever) and ONNX Runtime's (a thread per core for each instance, a memory pattern per shape)."""
+    return serving.model_copy(
+        update={
+            "instances": instances or serving.instances,
+            "intra_op_threads": None,
+            "inter_op_threads": None,
+            "max_queue_size": None,
+            "request_timeout_microseconds": None,
+            "memory_pattern": True,
+        }
+    )
+
+
+@contextlib.contextmanager
+def pod(
+    serving: ServingConfig,
+    limits: PodLimits,
+    env: dict[str, str] | None = None,
+    cpu_scheduling: CpuScheduling = DEFAULT_CPU_SCHEDULING,
+) -> Iterator[TritonServer]:
+    """A tritonserver serving `serving` (the exported model.onnx, this config) inside a pod-sized cgroup."""
+    work = Path(tempfile.mkdtemp(prefix="inferop-field-"))
+    write_model_repo(serving, REPO / serving.name, work / "repo")
+    server = TritonServer(
+        work / "repo", http_port=free_port(), limits=limits, env=env or {}, cpu_scheduling=cpu_scheduling
+    )
+    try:
+        server.start(timeout=300)
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def one_request(serving: ServingConfig) -> np.ndarray:
+    spec = serving.inputs[0]
+    return np.random.default_rng(0).standard_normal((1, *spec.dims)).astype(np.float32)
+
+
+def closed_loop(server: TritonServer, model: str, concurrency: int, seconds: float, machine: Machine) -> Any:
+    with generator_process(machine.client_cpus):
+        return bench.sweep(server.url, model, [concurrency], seconds, batch=1, timeout=120)[0]
+
+
+def open_loop(
+    server: TritonServer, serving: ServingConfig, rate: float, seconds: float, timeout: float | None, machine: Machine
+) -> tuple[OpenLoopResult, dict[str, Any]]:
+    """Open-loop arrivals, with the pod's memory sampled; returns the result and the pod's usage."""
+    assert server.cgroup is not None
+    result = run_open_loop(
+        server.url,
+        serving.name,
+        one_request(serving),
+        rate,
+        seconds,
+        timeout=timeout,
+        memory_probe=server.cgroup.memory_current,
+        client_cpus=machine.client_cpus,
+        drain=5.0,
+    )
+    return result, dict(server.cgroup.usage())
+
+
+def wait_out(server: TritonServer, seconds: float) -> bool:
+    """True if the server is still alive after `seconds` (an OOM kill may come late)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if server.process is not None and server.process.poll() is not None:
+            return False
+        time.sleep(0.1)
+    return server.process is not None and server.process.poll() is None
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def describe(serving: ServingConfig, policy: CpuScheduling) -> str:
+    threads = "ORT default" if serving.intra_op_threads is None else f"{serving.intra_op_threads}"
+    queue = "unbounded" if serving.max_queue_size is None else str(serving.max_queue_size)
+    timeout = (
+        "none" if serving.request_timeout_microseconds is None else f"{serving.request_timeout_microseconds / 1e6:g}s"
+    )
+    return (
+        f"{serving.instances} instance(s), intra-op {threads}, maxBatchSize {serving.max_batch_size}, "
+        f"queue {queue}, timeout {timeout}, {'SCHED_BATCH' if policy == 'batch' else 'SCHED_OTHER'}"
+    )
