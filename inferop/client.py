@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from inferop.agreement import NUMPY_TYPES
 from inferop.errors import InferopError
 from inferop.processing import PROCESSING_PARAMETER, Processing
 
@@ -28,10 +29,6 @@ TENSORS_CAVEAT = "the outputs show the pipeline working, nothing more"
 CAVEATS = {"imageClassification": LABELS_CAVEAT, "policyValue": BOARD_CAVEAT, "tensors": TENSORS_CAVEAT}
 # Outputs up to this many values per sample are printed whole; larger ones as a summary.
 PRINTED_VALUES = 16
-NUMPY_TYPES = {
-    "FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32,
-    "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_,
-}  # fmt: skip
 
 
 class InferError(InferopError, RuntimeError):

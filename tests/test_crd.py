@@ -17,6 +17,7 @@ from inferop_operator.builders import Service
 from inferop_operator.crd import CRD_PATH, IDENTITY_TEMPLATE, build_crd, main, render_crd, render_identity_template
 from inferop_operator.identity import CRD_NAME, GROUP, KIND, PLURAL, SHORT_NAME, VERSION
 from inferop_operator.plan import plan_service
+from inferop_operator.rollout import AgreementStatus, AnalysisStatus, OutputAgreement, RolloutStatus, TrackFigures
 from inferop_operator.spec import SpecError, parse_spec
 from inferop_operator.status import Status, deployed_status
 
@@ -141,9 +142,24 @@ def written() -> dict[str, Any]:
         "spec": {"replicas": 1},
         "status": {"observedGeneration": 1, "replicas": 1, "readyReplicas": 1, "conditions": [available]},
     }
-    status = deployed_status(service, deployment, 1, Status()).model_dump(by_alias=True, exclude_none=True)
-    assert status["warnings"] and status["queue"]["capacitySamplesPerSecond"] and status["memory"]["availableBytes"]
-    return status
+    figures = TrackFigures(requests=100, failures=1, failure_ratio=0.01, mean_latency_ms=2.5)
+    rollout = RolloutStatus(
+        phase="Progressing", reason="StepStarted", message="step 2", stable="a1", candidate="b2", step=1, weight=25,
+        mirror_percent=10, header=True, split="gateway", step_started_at="2026-01-01T00:00:00Z",
+        changed_at="2026-01-01T00:00:00Z", stable_latency_ms=2.0, stable_spec={},
+        agreement=AgreementStatus(
+            passed=True, samples=64, message="ok",
+            outputs=[OutputAgreement(name="policy", top1_agreement=1.0, max_abs_difference=0.0)],
+        ),
+        analysis=AnalysisStatus(
+            verdict="Passed", message="ok", step=1, weight=25, at="2026-01-01T00:00:10Z", window_seconds=10,
+            candidate=figures, stable=figures,
+        ),
+    )  # fmt: skip
+    status = deployed_status(service, deployment, 1, Status(), rollout=rollout)
+    written = status.model_dump(by_alias=True, exclude_none=True)
+    assert written["warnings"] and written["queue"]["capacitySamplesPerSecond"] and written["memory"]["availableBytes"]
+    return written
 
 
 class TestStatusSchema:
@@ -335,6 +351,10 @@ REFUSED: dict[str, list[dict[str, Any]]] = {
         conv_net_spec(autoscaling={"minReplicas": 3, "maxReplicas": 2, "target": 50}),
         conv_net_spec(autoscaling={"minReplicas": 1000, "maxReplicas": 999, "metric": "queueTime", "target": 1}),
     ],
+    "spec.rollout": [
+        conv_net_spec(rollout={"steps": [5, 25, 50]}),
+        conv_net_spec(rollout={"steps": [0]}),
+    ],
     "spec.model.processing": [
         conv_net_spec(model={"processing": {"kind": "imageClassification", "mean": IMAGE_SETTINGS["mean"]}}),
         conv_net_spec(model={"processing": {"kind": "imageClassification"}}),
@@ -349,6 +369,8 @@ ACCEPTED = [
     conv_net_spec(model={"processing": {"kind": "imageClassification", **IMAGE_SETTINGS}}),
     conv_net_spec(model={"processing": {"kind": "policyValue"}}),
     conv_net_spec(model={"processing": {}}),
+    conv_net_spec(rollout={}),
+    conv_net_spec(rollout={"steps": [0, 100], "shadow": {"percent": 20}, "header": {"name": "x-canary", "value": "1"}}),
 ]
 
 

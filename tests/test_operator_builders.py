@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +23,25 @@ from inferop_operator.builders import (
     CONFIG_DIR,
     MODEL_REPOSITORY,
     MODEL_SOURCE,
+    Routing,
     Service,
     build_config_map,
     build_deployment,
     build_hpa,
+    build_http_route,
     build_network_policy,
     build_pdb,
     build_service,
+    candidate_of,
     layout_script,
+    routing_for,
     source_volume,
     triton_args,
 )
 from inferop_operator.identity import API_VERSION, CONFIG_HASH_ANNOTATION, GROUP
 from inferop_operator.plan import plan_service
-from inferop_operator.spec import SpecError, parse_spec
+from inferop_operator.rollout import RolloutStatus, Traffic
+from inferop_operator.spec import GatewayRef, SpecError, parse_spec
 from tests import specs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "operator" / "examples"
@@ -663,8 +669,11 @@ class TestNetworkPolicy:
         policy = build_network_policy(service)
         assert (policy["apiVersion"], policy["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
         spec = policy["spec"]
-        # the Deployment's pods, exactly
-        assert spec["podSelector"]["matchLabels"] == build_deployment(service)["spec"]["selector"]["matchLabels"]
+        # the service's pods of both tracks: the stable Deployment's, and a candidate's during a rollout
+        selector = spec["podSelector"]["matchLabels"]
+        pods = build_deployment(service)["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= pods.items()
+        assert selector == {"app.kubernetes.io/instance": "conv-net", "app.kubernetes.io/managed-by": "inferop"}
         assert spec["policyTypes"] == ["Ingress"]  # what ingress does not list is refused
         inference, metrics = spec["ingress"]
         assert "from" not in inference  # any caller
@@ -727,9 +736,10 @@ class TestChildren:
                 assert (built["kind"], built["metadata"]["name"]) == (child.kind, child.name(service))
                 assert built["apiVersion"] == (f"{child.group}/{version}" if child.group else version)
 
-    def test_each_kind_once_with_its_resource(self) -> None:
-        kinds = [child.kind for child in CHILDREN]
-        assert len(set(kinds)) == len(kinds)
+    def test_each_object_once_with_its_resource(self) -> None:
+        service = make_service(raw_spec())
+        named = [(child.kind, child.name(service)) for child in CHILDREN]
+        assert len(set(named)) == len(named)
         assert {(c.group, c.plural) for c in CHILDREN} == {
             ("", "configmaps"),
             ("", "services"),
@@ -737,13 +747,25 @@ class TestChildren:
             ("policy", "poddisruptionbudgets"),
             ("networking.k8s.io", "networkpolicies"),
             ("apps", "deployments"),
+            ("gateway.networking.k8s.io", "httproutes"),
         }
 
-    def test_optional_children_are_deleted_and_the_rest_never(self) -> None:
-        verbs = {child.kind: child.verbs for child in CHILDREN}
-        optional = ("HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy")
-        assert all(verbs[kind] == {"create", "patch", "delete"} for kind in optional)
-        assert verbs["Deployment"] == verbs["ConfigMap"] == verbs["Service"] == {"create", "patch"}
+    def test_optional_children_are_deleted_and_the_stable_track_never(self) -> None:
+        service = make_service(raw_spec())
+        verbs = {(child.kind, child.name(service)): child.verbs for child in CHILDREN}
+        optional = [
+            key for key in verbs if key[0] in ("HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy")
+        ]
+        candidate = [
+            ("ConfigMap", "conv-net-canary-config"),
+            ("Service", "conv-net-canary"),
+            ("Deployment", "conv-net-canary"),
+        ]
+        assert all(
+            verbs[key] == {"create", "patch", "delete"} for key in [*optional, *candidate, ("HTTPRoute", "conv-net")]
+        )
+        stable = [("ConfigMap", "conv-net-config"), ("Service", "conv-net"), ("Deployment", "conv-net")]
+        assert all(verbs[key] == {"create", "patch"} for key in stable)
 
     def test_an_unset_autoscaling_deletes_the_hpa(self) -> None:
         (hpa,) = (child for child in CHILDREN if child.kind == "HorizontalPodAutoscaler")
@@ -755,3 +777,125 @@ def test_startup_budget_rounds_up() -> None:
     """A 301 s budget is not cut to 300 s by the probe period."""
     probe = triton_container(build_deployment(make_service(raw_spec(timeouts={"startupSeconds": 301}))))["startupProbe"]
     assert probe["failureThreshold"] == math.ceil(301 / probe["periodSeconds"])
+
+
+ROLLOUT = {"steps": [5, 50, 100], "header": {"name": "x-ab", "value": "b"}, "shadow": {"percent": 20}}
+GATEWAY = GatewayRef(name="public", namespace="edge", section_name="http", hostnames=["models.example.com"])
+
+
+def rolling(traffic: Traffic, phase: str = "Progressing", split: str = "gateway", **sections: Any) -> Service:
+    """conv-net serving one instance, with a candidate of two at `phase` and `traffic`."""
+    stable = make_service(raw_spec(rollout=ROLLOUT, **sections))
+    candidate_spec = parse_spec(raw_spec(rollout=ROLLOUT, instances=2, **sections))
+    state = RolloutStatus(
+        phase=phase, weight=traffic.weight, mirror_percent=traffic.mirror_percent, header=traffic.header
+    )
+    routing = routing_for(state, split, GATEWAY if split == "gateway" else None, candidate_spec, None, 3)
+    candidate = Service(
+        "conv-net", "models", UID, candidate_spec, plan_service(candidate_spec), IMAGE, "candidate", routing
+    )
+    return Service("conv-net", "models", UID, stable.spec, stable.plan, IMAGE, routing=routing, candidate=candidate)
+
+
+class TestCandidate:
+    def test_its_objects_are_named_for_it_and_its_pods_never_match_the_stable_selector(self) -> None:
+        service = rolling(Traffic(weight=5))
+        assert service.candidate is not None
+        built = {
+            (c.kind, c.name(service)): c.build(service, c.api_version(c.versions[0]))
+            for c in CHILDREN
+            if c.wanted(service)
+        }
+        deployment = built["Deployment", "conv-net-canary"]
+        stable = built["Deployment", "conv-net"]
+        pods = deployment["spec"]["template"]["metadata"]["labels"]
+        assert pods["app.kubernetes.io/component"] == "canary"
+        assert not stable["spec"]["selector"]["matchLabels"].items() <= pods.items()
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= pods.items()
+        assert deployment["spec"]["template"]["spec"]["volumes"][2]["configMap"]["name"] == "conv-net-canary-config"
+        assert built["Service", "conv-net-canary"]["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+        # the candidate serves its own spec; both are owned by the service and collected with it
+        assert "count: 2" in built["ConfigMap", "conv-net-canary-config"]["data"]["config.pbtxt"]
+        assert "count: 1" in built["ConfigMap", "conv-net-config"]["data"]["config.pbtxt"]
+        assert deployment["metadata"]["ownerReferences"] == [owner_reference()]
+
+    def test_without_a_candidate_its_objects_are_deleted(self) -> None:
+        service = make_service(raw_spec(rollout=ROLLOUT))
+        unwanted = {(c.kind, c.name(service)) for c in CHILDREN if not c.wanted(service)}
+        assert {("ConfigMap", "conv-net-canary-config"), ("Service", "conv-net-canary")} <= unwanted
+        assert ("Deployment", "conv-net-canary") in unwanted
+
+
+class TestHttpRoute:
+    def route(self, service: Service) -> dict[str, Any]:
+        return build_http_route(service, "gateway.networking.k8s.io/v1")
+
+    def test_without_a_rollout_all_to_the_stable_service(self) -> None:
+        service = replace(make_service(raw_spec()), routing=Routing(gateway=GATEWAY))
+        route = self.route(service)
+        assert route["spec"]["parentRefs"] == [
+            {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "public", "namespace": "edge",
+             "sectionName": "http"}
+        ]  # fmt: skip
+        assert route["spec"]["hostnames"] == ["models.example.com"]
+        assert route["spec"]["rules"] == [{"backendRefs": [{"name": "conv-net", "port": 8000, "weight": 100}]}]
+
+    def test_a_step_splits_by_weight_and_sends_the_header_to_the_candidate(self) -> None:
+        header, default = self.route(rolling(Traffic(weight=5, header=True)))["spec"]["rules"]
+        assert header == {
+            "matches": [{"headers": [{"type": "Exact", "name": "x-ab", "value": "b"}]}],
+            "backendRefs": [{"name": "conv-net-canary", "port": 8000, "weight": 1}],
+        }
+        assert default == {
+            "backendRefs": [
+                {"name": "conv-net", "port": 8000, "weight": 95},
+                {"name": "conv-net-canary", "port": 8000, "weight": 5},
+            ]
+        }
+
+    def test_a_shadow_mirrors_a_share_and_answers_from_the_stable_service(self) -> None:
+        (default,) = self.route(rolling(Traffic(weight=0, mirror_percent=20)))["spec"]["rules"]
+        assert default["backendRefs"] == [{"name": "conv-net", "port": 8000, "weight": 100}]
+        assert default["filters"] == [
+            {"type": "RequestMirror",
+             "requestMirror": {"backendRef": {"name": "conv-net-canary", "port": 8000}, "percent": 20}}
+        ]  # fmt: skip
+
+    def test_no_candidate_no_route_to_it(self) -> None:
+        """A rolled back candidate leaves no backend, match or mirror behind (kserve#2130, seldon#5181)."""
+        service = replace(rolling(Traffic(weight=50, mirror_percent=20, header=True)), candidate=None)
+        assert "conv-net-canary" not in str(self.route(service))
+
+
+class TestRouting:
+    def state(self, phase: str, weight: int = 0) -> RolloutStatus:
+        return RolloutStatus(phase=phase, weight=weight)
+
+    def test_through_a_gateway_the_candidate_gets_its_share_of_pods(self) -> None:
+        spec = parse_spec(raw_spec(replicas=10))
+        assert routing_for(self.state("Progressing", 25), "gateway", GATEWAY, spec, None, None).candidate_replicas == 3
+        promoting = routing_for(self.state("Promoting", 100), "gateway", GATEWAY, spec, None, None)
+        assert (promoting.candidate_replicas, promoting.stable_replicas) == (10, None)
+        draining = routing_for(self.state("RollingBack"), "gateway", GATEWAY, spec, None, 4)
+        assert (draining.candidate_replicas, draining.traffic.weight) == (4, 0)
+
+    def test_without_a_gateway_the_share_of_pods_behind_one_service(self) -> None:
+        spec = parse_spec(raw_spec(replicas=4))
+        split = routing_for(self.state("Progressing", 50), "replicas", None, spec, None, None)
+        assert (split.stable_replicas, split.candidate_replicas, split.service_selects_candidate) == (2, 2, True)
+        waiting = routing_for(self.state("Agreement"), "replicas", None, spec, None, None)
+        assert (waiting.stable_replicas, waiting.candidate_replicas, waiting.service_selects_candidate) == (
+            None, 1, False,
+        )  # fmt: skip
+        rolled_back = routing_for(self.state("RollingBack"), "replicas", None, spec, None, 2)
+        assert (rolled_back.stable_replicas, rolled_back.service_selects_candidate) == (None, False)
+
+    def test_the_one_service_selects_the_candidate_only_while_it_takes_traffic(self) -> None:
+        service = rolling(Traffic(weight=50), split="replicas", replicas=4)
+        selector = build_service(service)["spec"]["selector"]
+        assert selector == {"app.kubernetes.io/instance": "conv-net", "app.kubernetes.io/managed-by": "inferop"}
+        assert build_deployment(service)["spec"]["replicas"] == 2
+        assert build_deployment(candidate_of(service))["spec"]["replicas"] == 2
+        quiet = rolling(Traffic(), phase="Agreement", split="replicas", replicas=4)
+        assert build_service(quiet)["spec"]["selector"]["app.kubernetes.io/component"] == "predictor"
+        assert build_deployment(quiet)["spec"]["replicas"] == 4

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
+from inferop.agreement import Gate, GateResult
 from inferop.tritonconfig import TensorSpec
 from inferop_export.exporter import VerificationError, export_model
 from inferop_export.networks.conv_net import conv_net
@@ -20,8 +21,6 @@ from inferop_export.precision import (
     GATE_SAMPLES,
     PRECISIONS,
     CalibrationInputs,
-    Gate,
-    GateResult,
     PrecisionError,
     average_pools_as_depthwise_convs,
     check_precision,

@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 import onnx
 
+from inferop.agreement import GateResult
 from inferop.errors import InferopError
 from inferop.quantity import parse_quantity
 from inferop.threads import local_cpus
 from inferop.tritonconfig import DYNAMIC_DIM, MODEL_FILENAME, ServingConfig, render_model_config
-from inferop_export.precision import GateResult, check_precision, quantize_int8, run_gate
+from inferop_export.precision import check_precision, quantize_int8, run_gate
 from inferop_export.profile import ModelProfile, profile_onnx
 from inferop_export.signature import Signature, read_signature
 from inferop_export.sources import Inputs, OnnxFile, TorchModule

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
+from inferop.agreement import Comparison, Gate, GateResult
 from inferop.errors import InferopError
 from inferop_export.signature import Signature
 
@@ -40,60 +40,6 @@ class PrecisionError(InferopError, ValueError):
 
 class GateFailed(InferopError, RuntimeError):
     """The reduced-precision model lost too much of fp32's answers; the message has the numbers."""
-
-
-@dataclass(frozen=True)
-class Gate:
-    """What a reduced-precision model must keep of fp32's answers on held-out inputs: for each output in `top1`,
-    the same argmax (over its last axis) in at least `min_agreement` of the samples; for each output in
-    `max_abs_diff`, every value within that of fp32's."""
-
-    top1: tuple[str, ...] = ()
-    min_agreement: float = 0.99
-    max_abs_diff: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class GateResult:
-    precision: str
-    samples: int
-    agreement: dict[str, float]  # output -> share of samples whose argmax agrees
-    max_abs_diff: dict[str, float]  # output -> largest |reduced - fp32|
-    gate: Gate
-
-    @property
-    def failures(self) -> list[str]:
-        failed = [
-            f"{name}: top-1 agreement {share:.1%} < {self.gate.min_agreement:.0%}"
-            for name, share in self.agreement.items()
-            if share < self.gate.min_agreement
-        ]
-        failed += [
-            f"{name}: max |diff| {diff:.4g} >= {self.gate.max_abs_diff[name]:g}"
-            for name, diff in self.max_abs_diff.items()
-            if diff >= self.gate.max_abs_diff[name]
-        ]
-        return failed
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    def describe(self) -> str:
-        parts = [f"{name} top-1 agreement {share:.1%}" for name, share in self.agreement.items()]
-        parts += [f"{name} max |diff| {diff:.4g}" for name, diff in self.max_abs_diff.items()]
-        return f"{self.precision} against fp32 on {self.samples} held-out inputs: {', '.join(parts)}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "precision": self.precision,
-            "samples": self.samples,
-            "agreement": self.agreement,
-            "maxAbsDiff": self.max_abs_diff,
-            "passed": self.passed,
-            "failures": self.failures,
-            "summary": self.describe(),
-        }
 
 
 def check_precision(precision: str, gate: Gate | None, name: str) -> None:
@@ -228,15 +174,9 @@ def run_gate(
 
     sessions = [ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]) for path in (fp32, reduced)]
     names = [t.name for t in signature.outputs]
-    agree = dict.fromkeys(gate.top1, 0)
-    worst = dict.fromkeys(gate.max_abs_diff, 0.0)
+    comparison = Comparison(gate)
     for inputs in _samples(source, signature, GATE_SAMPLES, GATE_BATCH, seed):
         feeds = {spec.name: array for spec, array in zip(signature.inputs, inputs, strict=True)}
         want, got = ({n: o for n, o in zip(names, s.run(names, feeds), strict=True)} for s in sessions)
-        for name in gate.top1:
-            agree[name] += int(np.sum(np.argmax(want[name], axis=-1) == np.argmax(got[name], axis=-1)))
-        for name in gate.max_abs_diff:
-            diff = np.abs(want[name].astype(np.float64) - got[name].astype(np.float64))
-            worst[name] = max(worst[name], float(np.max(diff)))
-    shares = {name: count / GATE_SAMPLES for name, count in agree.items()}
-    return GateResult(precision, GATE_SAMPLES, shares, worst, gate)
+        comparison.add(want, got, len(inputs[0]))
+    return comparison.result(precision)

@@ -13,20 +13,18 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
 import torch
 from torch import nn
 
+from inferop.agreement import Gate
 from inferop.errors import InferopError
 from inferop.processing import Processing
 from inferop.tritonconfig import TensorSpec
 from inferop_export.signature import InputFlag, Signature, generated_inputs
-
-if TYPE_CHECKING:
-    from inferop_export.precision import Gate
 
 # Largest batch the exported graph accepts, as a multiple of maxBatchSize: torch.export needs a bound.
 BATCH_HEADROOM = 64

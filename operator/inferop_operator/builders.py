@@ -9,15 +9,23 @@ import hashlib
 import math
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from inferop import scheduling
 from inferop.tritonconfig import render_model_config
 from inferop_operator import identity
-from inferop_operator.identity import API_VERSION, CONFIG_HASH_ANNOTATION, KIND
+from inferop_operator.identity import (
+    API_VERSION,
+    CANDIDATE_SUFFIX,
+    CONFIG_HASH_ANNOTATION,
+    KIND,
+    Track,
+    service_labels,
+)
 from inferop_operator.plan import Plan
-from inferop_operator.spec import InferenceServiceSpec
+from inferop_operator.rollout import RolloutStatus, Traffic, canary_replicas, replica_split
+from inferop_operator.spec import GatewayRef, InferenceServiceSpec
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 MODEL_REPOSITORY = "/models"
@@ -37,8 +45,58 @@ THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 @dataclass(frozen=True)
+class Routing:
+    """How callers reach the pods, as the rollout decided it: through a Gateway (an HTTPRoute's weights) or by the
+    share of pods behind the one Service (split by replicas), with what goes to the candidate now."""
+
+    traffic: Traffic = field(default_factory=Traffic)
+    gateway: GatewayRef | None = None  # its namespace filled in; None: no HTTPRoute
+    stable_replicas: int | None = None  # the stable Deployment's count when the split sets it; None: the spec's
+    candidate_replicas: int = 1
+    service_selects_candidate: bool = False  # the one Service also sends callers to the candidate (split by replicas)
+
+
+def routing_for(
+    state: RolloutStatus,
+    split: str,
+    gateway: GatewayRef | None,
+    spec: InferenceServiceSpec,
+    stable_now: int | None,
+    candidate_now: int | None,
+) -> Routing:
+    """The routing and replica counts the rollout's state asks for. `stable_now` and `candidate_now` are the
+    Deployments' current counts (an HPA's choice for the stable one); a draining candidate keeps its pods."""
+    traffic = Traffic.of(state) if state.candidate_wanted else Traffic()
+    phase, weight = state.phase, traffic.weight
+    stable = spec.replicas if spec.autoscaling is None else max(stable_now or 0, spec.autoscaling.min_replicas)
+    draining = max(candidate_now or 1, 1)
+    if split == "gateway":
+        if phase in ("Finishing", "RollingBack"):
+            candidate = draining
+        elif phase == "Promoting":
+            candidate = max(stable, 1)
+        else:
+            candidate = canary_replicas(stable, weight, traffic.mirror_percent, traffic.header)
+        return Routing(traffic, gateway, None, candidate)
+    if phase in ("Progressing", "Paused") and weight > 0:
+        if spec.autoscaling is None:
+            kept, candidate = replica_split(stable, weight)
+            return Routing(traffic, None, kept, candidate, service_selects_candidate=True)
+        # The HPA keeps the stable count: the candidate gets its share beside it.
+        candidate = max(stable, 1) if weight >= 100 else max(1, round(stable * weight / (100 - weight)))
+        return Routing(traffic, None, None, candidate, service_selects_candidate=True)
+    if phase == "Promoting":
+        return Routing(traffic, None, None, max(stable, 1), service_selects_candidate=True)
+    if phase in ("Finishing", "RollingBack"):
+        return Routing(traffic, None, None, draining)
+    return Routing(traffic, None, None, 1)
+
+
+@dataclass(frozen=True)
 class Service:
-    """The InferenceService being built: identity, validated spec, plan and the image to run."""
+    """The InferenceService being built: identity, validated spec, plan and the image to run; for the stable track,
+    how callers are routed and, during a rollout, the candidate (the same service on the candidate track, built from
+    the new spec)."""
 
     name: str
     namespace: str
@@ -46,6 +104,14 @@ class Service:
     spec: InferenceServiceSpec
     plan: Plan
     image: str
+    track: Track = "stable"
+    routing: Routing = field(default_factory=Routing)
+    candidate: Service | None = None
+
+    @property
+    def object_name(self) -> str:
+        """The name of this track's Deployment and Service: the service's own, or <service>-canary."""
+        return self.name if self.track == "stable" else f"{self.name}{CANDIDATE_SUFFIX}"
 
     @property
     def config_text(self) -> str:
@@ -57,7 +123,7 @@ class Service:
 
     @property
     def config_map_name(self) -> str:
-        return f"{self.name}-config"
+        return f"{self.object_name}-config"
 
     @property
     def url(self) -> str:
@@ -65,11 +131,11 @@ class Service:
 
 
 def labels(service: Service) -> dict[str, str]:
-    return identity.labels(service.name)
+    return identity.labels(service.name, service.track)
 
 
 def selector_labels(service: Service) -> dict[str, str]:
-    return identity.selector_labels(service.name)
+    return identity.selector_labels(service.name, service.track)
 
 
 def metadata(service: Service, name: str) -> dict[str, Any]:
@@ -103,10 +169,12 @@ def build_service(service: Service) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata(service, service.name),
+        "metadata": metadata(service, service.object_name),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(service),
+            "selector": service_labels(service.name)
+            if service.routing.service_selects_candidate
+            else selector_labels(service),
             "ports": [
                 {"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
                 for name, port in (("http", HTTP_PORT), ("grpc", GRPC_PORT), ("metrics", METRICS_PORT))
@@ -327,12 +395,16 @@ def build_deployment(service: Service) -> dict[str, Any]:
             },
         },
     }
-    if spec.autoscaling is None:  # with an HPA the replica count is the HPA's, not ours to fight over
+    if service.track == "candidate":
+        deployment_spec["replicas"] = service.routing.candidate_replicas
+    elif service.routing.stable_replicas is not None:  # a split by replicas sets the count while it lasts
+        deployment_spec["replicas"] = service.routing.stable_replicas
+    elif spec.autoscaling is None:  # with an HPA the replica count is the HPA's, not ours to fight over
         deployment_spec["replicas"] = spec.replicas
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": metadata(service, service.name),
+        "metadata": metadata(service, service.object_name),
         "spec": deployment_spec,
     }
 
@@ -416,11 +488,62 @@ def build_network_policy(service: Service) -> dict[str, Any]:
         "kind": "NetworkPolicy",
         "metadata": metadata(service, service.name),
         "spec": {
-            "podSelector": {"matchLabels": selector_labels(service)},
+            "podSelector": {"matchLabels": service_labels(service.name)},  # the candidate's pods too
             "policyTypes": ["Ingress"],
             "ingress": ingress,
         },
     }
+
+
+GATEWAY_GROUP = "gateway.networking.k8s.io"
+
+
+def build_http_route(service: Service, api_version: str) -> dict[str, Any]:
+    """The HTTPRoute that attaches the service to its Gateway: callers to the stable Service, or split between it
+    and the candidate's by weight; header-matched callers to the candidate; a share mirrored to it. Triton's HTTP
+    API only (gRPC callers use the Service)."""
+    gateway, traffic = service.routing.gateway, service.routing.traffic
+    if gateway is None:
+        raise ValueError("build_http_route needs a gateway")
+    parent: dict[str, Any] = {"group": GATEWAY_GROUP, "kind": "Gateway", "name": gateway.name}
+    if gateway.namespace:
+        parent["namespace"] = gateway.namespace
+    if gateway.section_name:
+        parent["sectionName"] = gateway.section_name
+    stable = {"name": service.name, "port": HTTP_PORT}
+    candidate = {"name": f"{service.name}{CANDIDATE_SUFFIX}", "port": HTTP_PORT}
+    default: dict[str, Any] = {"backendRefs": [{**stable, "weight": 100 - traffic.weight}]}
+    if service.candidate is not None and traffic.weight > 0:
+        default["backendRefs"].append({**candidate, "weight": traffic.weight})
+    if service.candidate is not None and traffic.mirror_percent > 0:
+        default["filters"] = [
+            {"type": "RequestMirror", "requestMirror": {"backendRef": candidate, "percent": traffic.mirror_percent}}
+        ]
+    rules = [default]
+    header = service.spec.rollout.header if service.spec.rollout is not None else None
+    if service.candidate is not None and traffic.header and header is not None:
+        match = {"headers": [{"type": "Exact", "name": header.name, "value": header.value}]}
+        rules.insert(0, {"matches": [match], "backendRefs": [{**candidate, "weight": 1}]})
+    spec: dict[str, Any] = {"parentRefs": [parent], "rules": rules}
+    if gateway.hostnames:
+        spec["hostnames"] = list(gateway.hostnames)
+    return {
+        "apiVersion": api_version,
+        "kind": "HTTPRoute",
+        "metadata": metadata(service, service.name),
+        "spec": spec,
+    }
+
+
+def candidate_of(service: Service) -> Service:
+    """The candidate track of a service that has one."""
+    if service.candidate is None:
+        raise ValueError(f"service {service.name} has no candidate")
+    return service.candidate
+
+
+def candidate_name(service: Service, suffix: str = "") -> str:
+    return f"{service.name}{CANDIDATE_SUFFIX}{suffix}"
 
 
 @dataclass(frozen=True)
@@ -493,4 +616,45 @@ CHILDREN = (
         removal=("NetworkPolicyRemoved", "networkPolicy.enabled unset"),
     ),
     Child("Deployment", "apps", "deployments", ("v1",), lambda s: s.name, lambda s, _: build_deployment(s)),
+    # The candidate during a rollout, built from the new spec: deleted once it is promoted or rolled back.
+    Child(
+        "ConfigMap",
+        "",
+        "configmaps",
+        ("v1",),
+        lambda s: candidate_name(s, "-config"),
+        lambda s, _: build_config_map(candidate_of(s)),
+        when=lambda s: s.candidate is not None,
+        removal=("CandidateRemoved", "the rollout is over"),
+    ),
+    Child(
+        "Service",
+        "",
+        "services",
+        ("v1",),
+        candidate_name,
+        lambda s, _: build_service(candidate_of(s)),
+        when=lambda s: s.candidate is not None,
+        removal=("CandidateRemoved", "the rollout is over"),
+    ),
+    Child(
+        "Deployment",
+        "apps",
+        "deployments",
+        ("v1",),
+        candidate_name,
+        lambda s, _: build_deployment(candidate_of(s)),
+        when=lambda s: s.candidate is not None,
+        removal=("CandidateRemoved", "the rollout is over"),
+    ),
+    Child(
+        "HTTPRoute",
+        GATEWAY_GROUP,
+        "httproutes",
+        ("v1",),
+        lambda s: s.name,
+        build_http_route,
+        when=lambda s: s.routing.gateway is not None,
+        removal=("RouteRemoved", "no gateway"),
+    ),
 )

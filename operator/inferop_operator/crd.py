@@ -16,7 +16,17 @@ from typing import Any
 
 import yaml
 
-from inferop_operator.identity import CRD_NAME, GROUP, KIND, PLURAL, PREDICTOR, SHORT_NAME, VERSION
+from inferop_operator.identity import (
+    COMPONENT,
+    COMPONENTS,
+    CRD_NAME,
+    GROUP,
+    KIND,
+    MANAGED,
+    PLURAL,
+    SHORT_NAME,
+    VERSION,
+)
 from inferop_operator.spec import InferenceServiceSpec
 from inferop_operator.status import Status
 
@@ -27,7 +37,7 @@ IDENTITY_TEMPLATE = CHART / "templates" / "_identity.tpl"
 KEPT = {
     "type", "description", "default", "enum", "pattern", "minimum", "maximum", "minLength", "maxLength",
     "minItems", "maxItems", "items", "properties", "required", "additionalProperties", "x-kubernetes-int-or-string",
-    "anyOf", "exclusiveMinimum", "exclusiveMaximum", "x-kubernetes-validations",
+    "anyOf", "exclusiveMinimum", "exclusiveMaximum", "x-kubernetes-validations", "x-kubernetes-preserve-unknown-fields",
 }  # fmt: skip
 
 
@@ -49,7 +59,7 @@ def structural(schema: dict[str, Any], definitions: dict[str, Any]) -> dict[str,
             return optional
     node: dict[str, Any] = {}
     for key, value in schema.items():
-        if key not in KEPT or (key == "additionalProperties" and value is False):
+        if key not in KEPT or (key == "additionalProperties" and isinstance(value, bool)):
             continue
         if key == "properties":
             node[key] = {name: structural(child, definitions) for name, child in value.items()}
@@ -145,6 +155,8 @@ def build_crd() -> dict[str, Any]:
                         {"name": "URL", "type": "string", "jsonPath": ".status.url"},
                         {"name": "Replicas", "type": "integer", "jsonPath": ".status.readyReplicas"},
                         {"name": "Threads", "type": "string", "jsonPath": ".status.threads.summary"},
+                        {"name": "Rollout", "type": "string", "jsonPath": ".status.rollout.phase"},
+                        {"name": "Canary", "type": "string", "jsonPath": ".status.rollout.weight"},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],
                 }
@@ -160,8 +172,17 @@ def render_crd() -> str:
 
 def render_identity_template() -> str:
     """The chart's named templates for what the identity module states: the API group its RBAC grants and the
-    labels its PodMonitor selects, so the chart spells neither by hand."""
-    selector = "\n".join(f"{key}: {value}" for key, value in sorted(PREDICTOR.items()))
+    selector of the pods its PodMonitor scrapes, so the chart spells neither by hand."""
+    tracks = "\n".join(
+        [
+            "matchLabels:",
+            *(f"  {key}: {value}" for key, value in sorted(MANAGED.items())),
+            "matchExpressions:",
+            f"  - key: {COMPONENT}",
+            "    operator: In",
+            f"    values: [{', '.join(sorted(COMPONENTS.values()))}]",
+        ]
+    )
     return "\n".join(
         [
             "{{/* Generated from inferop_operator/identity.py by `make crd`; `make check` fails if it drifts. */}}",
@@ -169,9 +190,9 @@ def render_identity_template() -> str:
             "{{/* The API group of InferenceServices. */}}",
             f'{{{{- define "inferop.apiGroup" -}}}}{GROUP}{{{{- end }}}}',
             "",
-            "{{/* Labels selecting the Triton pods of every InferenceService. */}}",
-            '{{- define "inferop.predictorSelector" -}}',
-            selector,
+            "{{/* A selector of every Triton pod, stable or a rollout's candidate. */}}",
+            '{{- define "inferop.tritonPodsSelector" -}}',
+            tracks,
             "{{- end }}",
             "",
         ]

@@ -6,6 +6,8 @@ import asyncio
 import copy
 import functools
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from typing import Any, ParamSpec, TypeVar
@@ -15,22 +17,33 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from inferop.errors import InferopError
-from inferop_operator.builders import CHILDREN, Service
+from inferop_operator.builders import CHILDREN, GATEWAY_GROUP, Service, routing_for
 from inferop_operator.identity import (
     API_VERSION,
+    CANDIDATE_SUFFIX,
     GROUP,
     INSTANCE,
     KIND,
     MANAGED,
     PLURAL,
-    PREDICTOR,
+    TRITON_PODS_SELECTOR,
     VERSION,
     label_selector,
 )
 from inferop_operator.kubeapi import ApiFailure, KubeApi, load_client
-from inferop_operator.plan import Refusal, plan_service
+from inferop_operator.plan import Plan, Refusal, plan_service
+from inferop_operator.progress import deployment_summary, observe
+from inferop_operator.rollout import (
+    CANDIDATE_PHASES,
+    RolloutStatus,
+    advance,
+    decide,
+    revision_of,
+    served_fields,
+    stable_spec,
+)
 from inferop_operator.settings import OperatorSettings
-from inferop_operator.spec import InferenceServiceSpec, SpecError, parse_spec
+from inferop_operator.spec import GatewayRef, InferenceServiceSpec, SpecError, parse_spec
 from inferop_operator.status import (
     Status,
     children_failed_status,
@@ -52,6 +65,10 @@ SETTINGS = OperatorSettings()
 log = logging.getLogger(__name__)
 # Seconds before a reconcile that could not reach the API server is tried again.
 UNREACHABLE_RETRY = 2.0
+# Seconds before a service whose Gateway does not exist is tried again (someone may create it).
+GATEWAY_RETRY = 30.0
+ROUTE_API = f"{GATEWAY_GROUP}/v1"
+_memo_guard = threading.Lock()  # creates each object's lock once
 P = ParamSpec("P")
 R = TypeVar("R")
 _api: KubeApi | None = None
@@ -97,7 +114,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # The API server sends only our Deployments and Triton pods: the handlers' label filters alone would have every
     # pod and Deployment of the cluster streamed to the operator and remembered by kopf.
     settings.watching.label_selectors["apps", "v1", "deployments"] = label_selector(MANAGED)
-    settings.watching.label_selectors["", "v1", "pods"] = label_selector(PREDICTOR)
+    settings.watching.label_selectors["", "v1", "pods"] = TRITON_PODS_SELECTOR
 
 
 @kopf.on.login()
@@ -134,13 +151,43 @@ def reconcile(
     retry: int = 0,
     pods: Iterable[Mapping[str, Any]] = (),
     delete_unwanted: bool = True,
+    memo: Any = None,
+    deployments: Mapping[str, Mapping[str, Any]] | None = None,
+    old_spec: Any = None,
+    tick: bool = False,
 ) -> tuple[Status, bool]:
     """Apply the children for a valid, safe spec and return the status and whether it changed; raise PermanentError
     for a spec that cannot run, TemporaryError (with a backoff over `retry`) for a child the API server refused for
     now.
 
-    A Warning event is posted only for what the status written last did not already say, so resyncs and restarts
-    repeat none. `delete_unwanted` False (a resync) only applies: children are deleted when the spec changes."""
+    With spec.rollout, a changed spec becomes a candidate beside the stable revision; `tick` (the rollout timer) also
+    observes and takes the rollout's next step. `deployments` are the service's Deployments by name (the index's
+    summaries), `old_spec` the spec handled before this change (kopf's diff base). A Warning event is posted only for
+    what the status written last did not already say, so resyncs and restarts repeat none. `delete_unwanted` False (a
+    resync) only applies: children are deleted when the spec changes."""
+    with object_lock(memo):
+        return _reconcile(
+            name, namespace, uid, raw_spec, generation, status, body, retry, list(pods), delete_unwanted,
+            memo, deployments or {}, old_spec, tick,
+        )  # fmt: skip
+
+
+def _reconcile(
+    name: str,
+    namespace: str,
+    uid: str,
+    raw_spec: Any,
+    generation: int | None,
+    status: Any,
+    body: Any,
+    retry: int,
+    pods: list[Mapping[str, Any]],
+    delete_unwanted: bool,
+    memo: Any,
+    deployments: Mapping[str, Mapping[str, Any]],
+    old_spec: Any,
+    tick: bool,
+) -> tuple[Status, bool]:
     current = dict(status or {})
     previous = read_status(current)
     try:
@@ -153,14 +200,32 @@ def reconcile(
         raise kopf.PermanentError(f"invalid spec: {error}") from None
     try:
         plan = plan_service(spec, SETTINGS.runtime_costs())
+        split, gateway, routing_warning = routing_mode(spec, namespace)
     except Refusal as refusal:
         new_status = refused_status(refusal.condition, refusal.reason, refusal.message, generation, previous)
         if not same_condition(refusal.condition, previous, new_status):
             kopf.warn(body, reason=refusal.reason, message=refusal.message)
         patch_status(namespace, name, current, new_status)
         raise kopf.PermanentError(refusal.message) from None
+    except GatewayMissing as missing:
+        new_status = refused_status("ChildrenApplied", "GatewayNotFound", str(missing), generation, previous)
+        new_status = new_status.model_copy(update={"phase": "Pending"})
+        if not same_condition("ChildrenApplied", previous, new_status):
+            kopf.warn(body, reason="GatewayNotFound", message=str(missing))
+        patch_status(namespace, name, current, new_status)
+        raise kopf.TemporaryError(str(missing), delay=GATEWAY_RETRY) from None
 
-    service = Service(name=name, namespace=namespace, uid=uid, spec=spec, plan=plan, image=image_for(spec))
+    now = time.time()
+    known = latest_rollout(memo, previous)
+    image = image_for(spec)
+    state = decide(spec, revision_of(spec, image), known, split, now, former(old_spec))
+    service = service_tree(name, namespace, uid, spec, plan, state, split, gateway, deployments)
+    if tick and spec.rollout is not None and state.candidate_wanted:
+        observed, state = observe(service, spec, state, split, api(), deployments, pods, SETTINGS.prometheus_url, now)
+        state = advance(state, spec.rollout, observed, served_fields(spec))
+        if state == known:
+            return previous, False  # nothing moved: no write
+        service = service_tree(name, namespace, uid, spec, plan, state, split, gateway, deployments)
     try:
         deployment = apply_children(service, body, delete_unwanted)
     except ChildFailed as failed:
@@ -177,10 +242,144 @@ def reconcile(
         if failure.permanent:
             raise kopf.PermanentError(failure.explain()) from failed.__cause__
         raise kopf.TemporaryError(failure.explain(), delay=failure.delay(retry)) from failed.__cause__
-    new_status = deployed_status(service, deployment, generation, previous, pods)
+    new_status = deployed_status(service, deployment, generation, previous, pods, state)
+    if routing_warning:
+        new_status = new_status.model_copy(update={"warnings": [*(new_status.warnings or []), routing_warning]})
     warn_new(body, previous, new_status)
     advise(body, uid, previous, new_status)
-    return new_status, patch_status(namespace, name, current, new_status)
+    announce_rollout(body, known, state)
+    changed = patch_status(namespace, name, current, new_status)
+    if memo is not None:
+        memo["rollout"] = state
+    return new_status, changed
+
+
+class GatewayMissing(InferopError, LookupError):
+    """The Gateway the spec (or the operator's default) names does not exist; the message names the field."""
+
+
+def routing_mode(spec: InferenceServiceSpec, namespace: str) -> tuple[str, GatewayRef | None, str | None]:
+    """How callers are routed: through the Gateway the spec or the operator's settings name, where Gateway API is
+    served ("gateway"), else by the share of pods behind the one Service ("replicas"); and a warning, if any. Header
+    matches and mirroring need a gateway: without one they are refused, saying what to install."""
+    wanted = spec.gateway or SETTINGS.gateway()
+    served = wanted is not None and api().serves(ROUTE_API, "httproutes")
+    rollout = spec.rollout
+    if wanted is None or not served:
+        needs = [
+            field
+            for field, value in (("header", rollout and rollout.header), ("shadow", rollout and rollout.shadow))
+            if value
+        ]
+        if needs:
+            fields = " and ".join(f"spec.rollout.{field}" for field in needs)
+            why = (
+                "no gateway is named (spec.gateway, or the operator's default gateway)"
+                if wanted is None
+                else (f"Gateway API ({ROUTE_API} httproutes) is not served by this cluster")
+            )
+            raise Refusal(
+                "Rollout",
+                "NeedsGateway",
+                f"{fields} need a Gateway API implementation routing to the service, and {why}: install Gateway "
+                "API's CRDs and an implementation (e.g. Envoy Gateway), create a Gateway and name it in spec.gateway",
+            )
+        warning = None
+        if spec.gateway is not None:
+            warning = (
+                f"spec.gateway: Gateway API ({ROUTE_API} httproutes) is not served by this cluster: no HTTPRoute is "
+                "written, and a rollout splits traffic by the share of pods behind the Service (approximate)"
+            )
+        return "replicas", None, warning
+    gateway = wanted.model_copy(update={"namespace": wanted.namespace or namespace})
+    assert gateway.namespace is not None
+    if api().get(ROUTE_API, "Gateway", gateway.namespace, gateway.name) is None:
+        field = (
+            "spec.gateway.name"
+            if spec.gateway is not None
+            else "the operator's default gateway (INFEROP_DEFAULT_GATEWAY)"
+        )
+        raise GatewayMissing(
+            f"{field}: Gateway {gateway.name} does not exist in namespace {gateway.namespace}: create it or name "
+            "another; the service is routed once it exists"
+        )
+    return "gateway", gateway, None
+
+
+def service_tree(
+    name: str,
+    namespace: str,
+    uid: str,
+    spec: InferenceServiceSpec,
+    plan: Plan,
+    state: RolloutStatus,
+    split: str,
+    gateway: GatewayRef | None,
+    deployments: Mapping[str, Mapping[str, Any]],
+) -> Service:
+    """The stable track (the stable revision's spec, or the spec itself without a rollout) with its routing and,
+    while a candidate runs, the candidate track built from the spec."""
+    stable = stable_spec(spec, state)
+    stable_plan = plan if stable is spec else plan_service(stable, SETTINGS.runtime_costs())
+
+    def replicas(deployment_name: str) -> int | None:
+        found = deployments.get(deployment_name)
+        return None if found is None else found.get("specReplicas")
+
+    routing = routing_for(state, split, gateway, spec, replicas(name), replicas(f"{name}{CANDIDATE_SUFFIX}"))
+    candidate = None
+    if state.candidate_wanted:
+        candidate = Service(name, namespace, uid, spec, plan, image_for(spec), track="candidate", routing=routing)
+    return Service(name, namespace, uid, stable, stable_plan, image_for(stable), routing=routing, candidate=candidate)
+
+
+def latest_rollout(memo: Any, previous: Status) -> RolloutStatus | None:
+    """The rollout state this process wrote last (a status event may still be on its way), else the status's."""
+    written = memo.get("rollout") if memo is not None else None
+    return written if isinstance(written, RolloutStatus) else previous.rollout
+
+
+def former(old_spec: Any) -> tuple[InferenceServiceSpec, str] | None:
+    """The spec handled before this change and its revision, when kopf has it and it is valid."""
+    if not old_spec:
+        return None
+    try:
+        spec = parse_spec(old_spec)
+    except SpecError:
+        return None
+    return spec, revision_of(spec, image_for(spec))
+
+
+def object_lock(memo: Any) -> threading.Lock:
+    """One lock per InferenceService, kept in its kopf memo (dropped with the object): its rollout timer and its
+    change handlers run on different tasks and must not interleave."""
+    if memo is None:
+        return threading.Lock()
+    with _memo_guard:
+        lock = memo.get("lock")
+        if lock is None:
+            lock = memo["lock"] = threading.Lock()
+    return lock  # type: ignore[no-any-return]
+
+
+def announce_rollout(body: Any, before: RolloutStatus | None, after: RolloutStatus) -> None:
+    """One Event per move of a rollout: its phase, reason or traffic."""
+    if after.phase is None:
+        return
+
+    def moved(state: RolloutStatus | None) -> tuple[Any, ...] | None:
+        if state is None:
+            return None
+        return state.phase, state.reason, state.candidate, state.weight, state.mirror_percent, state.header
+
+    if moved(before) == moved(after):
+        return
+    traffic = f" (candidate weight {after.weight}%)" if after.phase in CANDIDATE_PHASES else ""
+    message = f"{after.phase}{traffic}: {after.message}"
+    if after.phase in ("RollingBack", "RolledBack"):
+        kopf.warn(body, reason=after.reason or after.phase, message=message)
+    else:
+        kopf.info(body, reason=after.reason or after.phase, message=message)
 
 
 def warn_new(body: Any, previous: Status, new: Status) -> None:
@@ -212,9 +411,9 @@ class ChildFailed(InferopError):
 
 
 def apply_children(service: Service, body: Any, delete_unwanted: bool = True) -> dict[str, Any]:
-    """Apply every child the spec wants and delete those it no longer wants; return the applied Deployment."""
+    """Apply every child the spec wants and delete those it no longer wants; return the stable Deployment."""
     kube = api()
-    applied: dict[str, dict[str, Any]] = {}
+    applied: dict[tuple[str, str], dict[str, Any]] = {}
     for child in CHILDREN:
         name = child.name(service)
         action = "apply" if child.wanted(service) else "delete"
@@ -223,13 +422,13 @@ def apply_children(service: Service, body: Any, delete_unwanted: bool = True) ->
         try:
             version = kube.served_version(child)
             if action == "apply":
-                applied[child.kind] = kube.apply(child.build(service, version))
+                applied[child.kind, name] = kube.apply(child.build(service, version))
             elif kube.delete(version, child.kind, service.namespace, name):
                 reason, why = child.removal
                 kopf.info(body, reason=reason, message=f"{why}: {child.kind} {name} deleted")
         except ApiException as error:
             raise ChildFailed(ApiFailure.of(error, action, child.kind, name)) from error
-    return applied["Deployment"]
+    return applied["Deployment", service.name]
 
 
 def image_for(spec: InferenceServiceSpec) -> str:
@@ -265,6 +464,8 @@ def on_change(
     body: Any,
     retry: int,
     reason: str,
+    memo: Any,
+    old: Any = None,
     **indices: Any,
 ) -> None:
     assert namespace is not None, "InferenceServices are namespaced"
@@ -272,7 +473,10 @@ def on_change(
     # A service just created has no children to remove: three DELETEs answered 404 per create were a third of the
     # requests of a burst of creates.
     deletes = reason != kopf.Reason.CREATE
-    result, changed = reconcile(name, namespace, uid, spec, meta.get("generation"), status, body, retry, found, deletes)
+    result, changed = reconcile(
+        name, namespace, uid, spec, meta.get("generation"), status, body, retry, found, deletes,
+        memo=memo, deployments=service_deployments(indices, namespace, name), old_spec=old,
+    )  # fmt: skip
     if not changed:
         return  # a restart that resumes a converged service has nothing to say
     threads = result.threads
@@ -296,6 +500,7 @@ def resync(
     meta: Any,
     status: Any,
     body: Any,
+    memo: Any,
     retry: int = 0,
     **indices: Any,
 ) -> None:
@@ -305,13 +510,54 @@ def resync(
     if (status or {}).get("phase") == "Failed" and (status or {}).get("observedGeneration") == meta.get("generation"):
         return
     found = service_pods(indices, namespace, name)
-    reconcile(name, namespace, uid, spec, meta.get("generation"), status, body, retry, found, delete_unwanted=False)
+    reconcile(
+        name, namespace, uid, spec, meta.get("generation"), status, body, retry, found, delete_unwanted=False,
+        memo=memo, deployments=service_deployments(indices, namespace, name),
+    )  # fmt: skip
+
+
+def rollout_in_flight(status: Any, **_: Any) -> bool:
+    """A candidate runs: its rollout needs looking after."""
+    return ((status or {}).get("rollout") or {}).get("phase") in CANDIDATE_PHASES
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.rollout_tick_seconds, when=rollout_in_flight)
+def rollout_tick(
+    name: str,
+    namespace: str | None,
+    uid: str,
+    spec: Any,
+    meta: Any,
+    status: Any,
+    body: Any,
+    memo: Any,
+    retry: int = 0,
+    **indices: Any,
+) -> None:
+    """Take the rollout's next step when what it waits for has happened (pods ready, the route accepted, an
+    analysis due); nothing is written while nothing moves."""
+    assert namespace is not None, "InferenceServices are namespaced"
+    found = service_pods(indices, namespace, name)
+    reconcile(
+        name, namespace, uid, spec, meta.get("generation"), status, body, retry, found,
+        memo=memo, deployments=service_deployments(indices, namespace, name), tick=True,
+    )  # fmt: skip
 
 
 def service_pods(indices: Mapping[str, Any], namespace: str, name: str) -> list[dict[str, Any]]:
     """The `pod_facts` of a service's pods, from the pods index kopf passes every handler as a keyword argument
     (which the protocols of kopf's change and timer handlers do not list)."""
     return list(indices["pods"].get((namespace, name), []))
+
+
+def service_deployments(indices: Mapping[str, Any], namespace: str, name: str) -> dict[str, dict[str, Any]]:
+    """The service's Deployments (stable and candidate), by name, from the Deployments index."""
+    found = {}
+    for deployment in (name, f"{name}{CANDIDATE_SUFFIX}"):
+        summary = next(iter(indices["deployments"].get((namespace, deployment), [])), None)
+        if summary is not None:
+            found[deployment] = summary
+    return found
 
 
 # The indices and the Deployment's and pods' handlers are coroutines: kopf runs a plain function on a thread, and
@@ -329,7 +575,13 @@ async def service_uids(name: str, namespace: str | None, uid: str, **_: Any) -> 
     return {(namespace, name): uid}
 
 
-@kopf.index("", "v1", "pods", labels=PREDICTOR)
+@kopf.index("apps", "v1", "deployments", labels=MANAGED)
+async def deployments(name: str, namespace: str | None, body: Any, **_: Any) -> dict[tuple[str | None, str], Any]:
+    """Each Triton Deployment's progress (`deployment_summary`), by namespace and name: a rollout asks no GET."""
+    return {(namespace, name): deployment_summary(dict(body))}
+
+
+@kopf.index("", "v1", "pods", labels=MANAGED)
 async def pods(body: Any, namespace: str | None, labels: Any, **_: Any) -> dict[tuple[str | None, str], dict[str, Any]]:
     """What each service's pods report about their containers (`pod_facts`), by namespace and service name."""
     return {(namespace, str(labels.get(INSTANCE))): pod_facts(dict(body))}
@@ -352,6 +604,8 @@ async def deployment_event(
     known = services.get(owner["uid"]) if owner else None
     if owner is None or namespace is None or type == "DELETED" or not known:
         return
+    if body.get("metadata", {}).get("name") != owner["name"]:
+        return  # the candidate's Deployment: the rollout timer follows it
     written = next(iter(known))
     current = read_status(written)
     # Not reconciled yet, a spec that cannot run, or a child missing: the service handler reports those.
@@ -363,7 +617,7 @@ async def deployment_event(
     await write_status(namespace, owner["name"], written, new_status)
 
 
-@kopf.on.event("", "v1", "pods", labels=PREDICTOR)  # type: ignore[arg-type]
+@kopf.on.event("", "v1", "pods", labels=MANAGED)  # type: ignore[arg-type]
 async def pod_event(
     namespace: str | None,
     labels: Any,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import http
 import json
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +22,9 @@ from inferop.errors import InferopError
 from inferop_operator.builders import CHILDREN, Child
 from inferop_operator.identity import API_VERSION, KIND, PLURAL
 
-PLURALS = {**{child.kind: child.plural for child in CHILDREN}, KIND: PLURAL}
+PLURALS = {**{child.kind: child.plural for child in CHILDREN}, KIND: PLURAL, "Gateway": "gateways"}
 REQUEST_TIMEOUT = 30  # seconds; no call to the API server may hang
+DISCOVERY_SECONDS = 60.0  # how long an answer about which APIs are served holds (a CRD may be installed later)
 # The request itself is wrong (422 Invalid: a child's name or field the server rejects, 400, 413 too large,
 # 415): the same spec sends the same request again, so asking again cannot help.
 PERMANENT_STATUSES = frozenset({400, 413, 415, 422})
@@ -129,6 +131,7 @@ class KubeApi:
         self.api_client = api_client
         self.field_manager = field_manager
         self._served: dict[str, str] = {}  # child kind -> the apiVersion used for it, once discovered
+        self._resources: dict[str, tuple[float, frozenset[str]]] = {}  # group/version -> (when read, resources)
 
     def _call(
         self,
@@ -211,3 +214,18 @@ class KubeApi:
                 )
             self._served[child.kind] = child.api_version(version)
         return self._served[child.kind]
+
+    def serves(self, api_version: str, plural: str) -> bool:
+        """Whether the API server serves `plural` in `api_version` (e.g. gateway.networking.k8s.io/v1 httproutes),
+        asked again after DISCOVERY_SECONDS: Gateway API's CRDs may be installed while the operator runs."""
+        known = self._resources.get(api_version)
+        if known is None or time.monotonic() - known[0] > DISCOVERY_SECONDS:
+            try:
+                listing = self._call("GET", "/api/v1" if api_version == "v1" else f"/apis/{api_version}")
+                names = frozenset(str(r.get("name")) for r in listing.get("resources", []))
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+                names = frozenset()
+            known = self._resources[api_version] = (time.monotonic(), names)
+        return plural in known[1]

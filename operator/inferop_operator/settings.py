@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from inferop.memory import CONTAINER_RUNTIME, RuntimeCosts
 from inferop.quantity import format_bytes, parse_quantity
+from inferop_operator.spec import GatewayRef
 
 
 class OperatorSettings(BaseSettings):
@@ -33,6 +34,22 @@ class OperatorSettings(BaseSettings):
             "server answers at once only holds more objects in the operator's memory."
         ),
     )
+    prometheus_url: str | None = Field(
+        default=None,
+        description=(
+            "The Prometheus that scrapes the Triton pods (the chart's PodMonitor), e.g. "
+            "http://prometheus.monitoring:9090; a rollout's analysis reads it. Unset: rollouts hold at their first "
+            "step (never promoted blind)."
+        ),
+    )
+    default_gateway: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[a-z0-9]([-a-z0-9]*[a-z0-9])?)?$",
+        description="namespace/name[/listener] of the Gateway for services whose spec names none; unset: none.",
+    )
+    rollout_tick_seconds: float = Field(
+        default=2.0, gt=0, le=60, description="How often a rollout in progress looks at its pods, route and analysis."
+    )
     runtime_memory_overhead: str = Field(
         default=format_bytes(CONTAINER_RUNTIME.baseline_bytes),
         description=(
@@ -48,6 +65,13 @@ class OperatorSettings(BaseSettings):
         if parse_quantity(value, "INFEROP_RUNTIME_MEMORY_OVERHEAD") < 0:
             raise ValueError(f"INFEROP_RUNTIME_MEMORY_OVERHEAD: {value!r} must not be negative")
         return value
+
+    def gateway(self) -> GatewayRef | None:
+        """The default gateway as a spec would name it."""
+        if not self.default_gateway:
+            return None
+        namespace, name, *section = self.default_gateway.split("/")
+        return GatewayRef(name=name, namespace=namespace, section_name=section[0] if section else None)
 
     def runtime_costs(self) -> RuntimeCosts:
         """The container runtime's memory constants with this overhead as the baseline."""

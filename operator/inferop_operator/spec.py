@@ -364,6 +364,153 @@ class Gpu(Section):
     memory: Quantity = Field(description="Device memory available to one pod, e.g. 16Gi.")
 
 
+# An HTTP header name as RFC 9110 defines a token, which Gateway API's HTTPHeaderMatch also takes.
+HEADER_NAME_PATTERN = r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class GatewayRef(Section):
+    """The Gateway (Gateway API) that routes callers to this service: the operator writes an HTTPRoute attached to
+    it, and a rollout shifts traffic by the route's backend weights."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN, description="The Gateway's name.")
+    namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+        description="The Gateway's namespace; unset: the service's own (its listener must allow routes from it).",
+    )
+    section_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS_LABEL_PATTERN,
+        description="The Gateway's listener to attach to; unset: every listener that admits the route.",
+    )
+    hostnames: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Host names the route answers for (the route's hostnames); empty: any the listener accepts.",
+    )
+
+
+class HeaderMatch(Section):
+    """Callers opted in by a header: every request carrying it reaches the candidate (A/B)."""
+
+    name: str = Field(min_length=1, max_length=256, pattern=HEADER_NAME_PATTERN, description="Header name.")
+    value: str = Field(min_length=1, max_length=4096, description="Header value, matched exactly.")
+
+
+class Shadow(Section):
+    """Live requests copied to the candidate while its weight is 0; callers get only the stable revision's answers."""
+
+    percent: int = Field(ge=1, le=100, description="Share of live requests mirrored to the candidate, in percent.")
+
+
+class Analysis(Section):
+    """How each step is judged, from Triton's metrics in Prometheus: the candidate against the stable revision
+    over the same window."""
+
+    interval_seconds: int = Field(
+        default=10, ge=1, le=3600, description="How often the step's window so far is analysed; a failure rolls back."
+    )
+    max_failure_ratio_increase: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="How far the candidate's share of failed requests may exceed the stable revision's (0.01: one "
+        "percentage point).",
+    )
+    max_latency_ratio: float = Field(
+        default=1.5,
+        ge=1,
+        le=100,
+        description="The candidate's mean time per request (queue and compute) over the stable revision's, at most.",
+    )
+    min_requests: int = Field(
+        default=20,
+        ge=1,
+        le=1_000_000,
+        description="Requests the candidate must have answered in the window before it is judged; fewer: no data.",
+    )
+
+
+class Agreement(Section):
+    """Before any live request reaches the candidate, both revisions answer the same held-out inputs and must agree
+    as export's precision gate defines it."""
+
+    samples: int = Field(default=64, ge=1, le=10_000, description="Held-out inputs, made from model.processing.")
+    min_top1_agreement: float = Field(
+        default=0.99,
+        ge=0,
+        le=1,
+        description="Share of inputs whose top-1 class must agree, for classifier outputs (imageClassification's "
+        "output, policyValue's policy).",
+    )
+    max_abs_difference: float | None = Field(
+        default=None,
+        gt=0,
+        description="Largest difference allowed in every other output; unset: 0.02 for policyValue's value, 0.001 for "
+        "plain tensors.",
+    )
+
+
+class Rollout(Section):
+    """How a changed model or serving config replaces the running one: the candidate runs beside the stable
+    revision, agrees with it on held-out inputs, then takes traffic step by step, each step analysed; a failed
+    analysis rolls back at once. Nothing of the stable revision is removed before the candidate has passed at 100."""
+
+    model_config = admission_rules(
+        (
+            "!has(self.steps) || self.steps[size(self.steps) - 1] == 100",
+            "'the last step must be 100 (the candidate takes all traffic before it is promoted), not %d'.format("
+            "[self.steps[size(self.steps) - 1]])",
+        )
+    )
+
+    steps: list[Annotated[int, Field(ge=0, le=100)]] = Field(
+        default_factory=lambda: [5, 25, 50, 100],
+        min_length=1,
+        max_length=20,
+        description="Percent of live requests the candidate takes at each step, increasing, ending at 100. A step of "
+        "0 sends it only shadowed and header-matched requests.",
+    )
+    step_seconds: int = Field(
+        default=60, ge=1, le=86_400, description="How long each step runs before it is judged and the next begins."
+    )
+    analysis: Analysis = Field(default_factory=Analysis, description="How each step is judged.")
+    agreement: Agreement = Field(default_factory=Agreement, description="The check before any live traffic.")
+    header: HeaderMatch | None = Field(
+        default=None, description="Callers sending this header reach the candidate at every step (needs a gateway)."
+    )
+    shadow: Shadow | None = Field(
+        default=None, description="Mirror live requests to the candidate at steps of 0 (needs a gateway)."
+    )
+    paused: bool = Field(default=False, description="Hold at the current step; a failing analysis still rolls back.")
+    promote: str | None = Field(
+        default=None,
+        max_length=64,
+        description="A candidate revision (status.rollout.candidate) to promote now, skipping the remaining steps.",
+    )
+    abort: str | None = Field(
+        default=None,
+        max_length=64,
+        description="A candidate revision to roll back now; it stays rolled back until the spec names another.",
+    )
+
+    @model_validator(mode="after")
+    def _steps(self) -> Rollout:
+        if self.steps[-1] != 100:
+            last = self.steps[-1]
+            raise ValueError(
+                f"the last step must be 100 (the candidate takes all traffic before it is promoted), not {last}"
+            )
+        if any(later <= earlier for earlier, later in zip(self.steps, self.steps[1:], strict=False)):
+            raise ValueError(f"steps {self.steps} must increase")
+        return self
+
+
 class Serving(Section):
     """How one model is served in one pod: the settings `inferop export` writes into config.pbtxt and its
     manifest, and the operator into the pod's config. Their defaults live here and nowhere else."""
@@ -386,6 +533,15 @@ class InferenceServiceSpec(Serving):
     gpu: Gpu | None = Field(default=None, description="GPU memory for the memory-fit check.")
     network_policy: NetworkPolicy = Field(
         default_factory=NetworkPolicy, description="Who may reach the Triton pods' ports (a NetworkPolicy)."
+    )
+    gateway: GatewayRef | None = Field(
+        default=None,
+        description="Route callers through this Gateway (an HTTPRoute); unset: the operator's default gateway, if any.",
+    )
+    rollout: Rollout | None = Field(
+        default=None,
+        description="Roll a changed model or serving config out gradually, analysed at each step; unset: a change "
+        "replaces the pods at once (a rolling update).",
     )
 
     @property

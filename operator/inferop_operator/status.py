@@ -13,28 +13,27 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from inferop.quantity import format_bytes, parse_quantity
 from inferop_operator.builders import CHILDREN, Service, selector_labels
+from inferop_operator.identity import COMPONENT
 from inferop_operator.plan import MEMORY_MARGIN
-from inferop_operator.spec import Section
+from inferop_operator.rollout import Reported, RolloutStatus
 
 if TYPE_CHECKING:  # the status stays free of the Kubernetes client; it only reads a failure's fields
     from inferop_operator.kubeapi import ApiFailure
 
 ConditionType = Literal[
-    "Valid", "ThreadBudget", "MemoryFit", "ChildrenApplied", "Progressing", "PodsHealthy", "Available", "Ready"
-]
+    "Valid", "ThreadBudget", "MemoryFit", "ChildrenApplied", "Progressing", "PodsHealthy", "Available", "Rollout",
+    "Agreement", "Analysis", "Ready",
+]  # fmt: skip
 CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)
 Phase = Literal["Ready", "Progressing", "Pending", "Failed"]
 
 
-class Reported(Section):
-    """A part of the status: camelCase like the spec. A field this model does not know (an older operator's) is
-    ignored when the status is read, so it cannot fail every reconcile."""
-
-    model_config = ConfigDict(extra="ignore")
+# Reported (rollout.py): a part of the status, camelCase like the spec. A field this model does not know (an older
+# operator's) is ignored when the status is read, so it cannot fail every reconcile.
 
 
 class Condition(Reported):
@@ -106,6 +105,9 @@ class Status(Reported):
     selector: str | None = Field(default=None, description="Label selector of the pods (the scale subresource's).")
     warnings: list[str] | None = Field(
         default=None, description="What the plan warns about; each is posted as a Warning event once, when new."
+    )
+    rollout: RolloutStatus | None = Field(
+        default=None, description="The revisions and, while a changed spec rolls out, where it stands."
     )
 
     def condition(self, kind: str) -> Condition | None:
@@ -227,21 +229,42 @@ def deployed_status(
     generation: int | None,
     previous: Status,
     pods: Iterable[Mapping[str, Any]] = (),
+    rollout: RolloutStatus | None = None,
 ) -> Status:
-    """Status of a deployed service, from its plan, the Deployment's own status and its pods (`pod_facts` of
-    each)."""
+    """Status of a deployed service, from its plan, the Deployment's own status, its pods (`pod_facts` of each) and
+    the rollout's state."""
     applied = ", ".join(f"{kind} {name}" for kind, name in children(service))
     planned = plan_status(service).model_copy(
         update={
             "url": service.url,
             "observed_generation": generation,
+            "rollout": rollout,
             "conditions": [
                 *plan_conditions(service),
                 condition("ChildrenApplied", True, "Applied", f"{applied} applied"),
+                *rollout_conditions(rollout),
             ],
         }
     )
     return follow_pods(follow_deployment(planned, deployment, previous), pods, previous)
+
+
+def rollout_conditions(state: RolloutStatus | None) -> list[Condition]:
+    """Rollout (where the candidate stands), Agreement and Analysis (their numbers), for a service with a rollout."""
+    if state is None or state.stable is None:
+        return []
+    if state.phase is None:
+        found = [condition("Rollout", True, "Stable", f"revision {state.stable} serves")]
+    else:
+        outcome = {"Succeeded": True, "RollingBack": False, "RolledBack": False}.get(state.phase)
+        found = [condition("Rollout", outcome, state.reason or state.phase, state.message)]
+    if state.agreement is not None:
+        passed = state.agreement.passed
+        found.append(condition("Agreement", passed, "Agrees" if passed else "Disagrees", state.agreement.message))
+    if state.analysis is not None:
+        outcome = {"Passed": True, "Failed": False}.get(state.analysis.verdict)
+        found.append(condition("Analysis", outcome, state.analysis.verdict, state.analysis.message))
+    return found
 
 
 def follow_deployment(status: Status, deployment: dict[str, Any] | None, previous: Status) -> Status:
@@ -314,8 +337,9 @@ TRITON_CONTAINER = "triton"
 
 
 def pod_facts(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """What the pods index keeps of a pod to explain its failures: its name, each container's memory limit, and
-    each container's state, last termination and readiness (init containers first)."""
+    """What the pods index keeps of a pod: to explain its failures, its name, each container's memory limit, and
+    each container's state, last termination and readiness (init containers first); for a rollout's agreement
+    check, its track (component label), IP and readiness."""
     spec, status = pod.get("spec") or {}, pod.get("status") or {}
     containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
     limits = {c.get("name"): ((c.get("resources") or {}).get("limits") or {}).get("memory") for c in containers}
@@ -333,7 +357,15 @@ def pod_facts(pod: Mapping[str, Any]) -> dict[str, Any]:
                 "lastTerminated": last.get("terminated"),
             }
         )
-    return {"name": (pod.get("metadata") or {}).get("name"), "containers": states}
+    metadata = pod.get("metadata") or {}
+    ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    return {
+        "name": metadata.get("name"),
+        "component": (metadata.get("labels") or {}).get(COMPONENT),
+        "ip": status.get("podIP"),
+        "ready": ready.get("status") == "True",
+        "containers": states,
+    }
 
 
 def pods_condition(pods: Iterable[Mapping[str, Any]], memory: MemoryStatus | None) -> Condition:

@@ -18,7 +18,7 @@ import yaml
 
 from inferop_devtools.cluster.controlplane import ControlPlane, KubernetesRelease
 from inferop_devtools.cluster.tools import kube_tools
-from inferop_operator.builders import CHILDREN
+from inferop_operator.builders import CHILDREN, GATEWAY_GROUP
 from inferop_operator.cli import STOP_BOUND_SECONDS
 from inferop_operator.identity import GROUP, PLURAL
 from tests.kube.conftest import REPO, Kubectl, runs_pods, wait_for
@@ -248,9 +248,13 @@ class TestRender:
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     granted.setdefault((group, resource), set()).update(rule["verbs"])
+        wanted: dict[tuple[str, str], set[str]] = {}
+        for child in CHILDREN:
+            wanted.setdefault((child.group, child.plural), set()).update(child.verbs)
         assert granted == {
-            **{(child.group, child.plural): set(child.verbs) for child in CHILDREN},
+            **wanted,
             (GROUP, f"{PLURAL}/status"): {"patch"},
+            (GATEWAY_GROUP, "gateways"): {"get"},  # read only: does the Gateway a service names exist
         }
 
     def test_monitoring_needs_both_the_value_and_the_api(self, helm: Helm) -> None:
@@ -260,10 +264,13 @@ class TestRender:
 
         objects = by_kind(helm.template(*RENDERINGS["monitoring"], "--set", "watchNamespace=models"))
         monitor = objects[("PodMonitor", "inferop-triton")]["spec"]
-        assert monitor["selector"]["matchLabels"] == {
-            "app.kubernetes.io/managed-by": "inferop",
-            "app.kubernetes.io/component": "predictor",
+        assert monitor["selector"] == {
+            "matchLabels": {"app.kubernetes.io/managed-by": "inferop"},
+            "matchExpressions": [
+                {"key": "app.kubernetes.io/component", "operator": "In", "values": ["canary", "predictor"]}
+            ],
         }
+        assert monitor["podTargetLabels"] == ["app.kubernetes.io/instance", "app.kubernetes.io/component"]
         assert monitor["namespaceSelector"] == {"matchNames": ["models"]}
         assert [e["port"] for e in monitor["podMetricsEndpoints"]] == ["metrics"]
         rules = {r["alert"]: r for r in objects[("PrometheusRule", "inferop-triton")]["spec"]["groups"][0]["rules"]}

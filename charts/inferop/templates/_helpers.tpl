@@ -103,13 +103,15 @@ operator/inferop_operator/builders.py) exactly the verbs its reconcile loop uses
   resources: ["inferenceservices/status"]
   verbs: ["patch"]
 # Children are written by server-side apply: a PATCH, which the API server also authorizes as a create
-# when the object does not exist yet. Deletion is left to garbage collection (owner references).
+# when the object does not exist yet. Deleting a service is left to garbage collection (owner references);
+# a rollout's candidate (<service>-canary: its ConfigMap, Service and Deployment) is deleted when it is
+# promoted or rolled back.
 - apiGroups: [""]
   resources: ["configmaps", "services"]
-  verbs: ["create", "patch"]
+  verbs: ["create", "patch", "delete"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["create", "patch"]
+  verbs: ["create", "patch", "delete"]
 # The HorizontalPodAutoscaler (autoscaling/v2 or v2beta2) is also deleted when spec.autoscaling is unset.
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
@@ -122,6 +124,14 @@ operator/inferop_operator/builders.py) exactly the verbs its reconcile loop uses
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["create", "patch", "delete"]
+# The HTTPRoute (Gateway API) attaching a service to its Gateway, whose weights a rollout moves; deleted when no
+# gateway is named. The Gateway itself is only read, to say when the one named does not exist.
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["httproutes"]
+  verbs: ["create", "patch", "delete"]
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["gateways"]
+  verbs: ["get"]
 {{- end }}
 
 {{/*

@@ -3,8 +3,12 @@
 {{/* The API group of InferenceServices. */}}
 {{- define "inferop.apiGroup" -}}inferop.dev{{- end }}
 
-{{/* Labels selecting the Triton pods of every InferenceService. */}}
-{{- define "inferop.predictorSelector" -}}
-app.kubernetes.io/component: predictor
-app.kubernetes.io/managed-by: inferop
+{{/* A selector of every Triton pod, stable or a rollout's candidate. */}}
+{{- define "inferop.tritonPodsSelector" -}}
+matchLabels:
+  app.kubernetes.io/managed-by: inferop
+matchExpressions:
+  - key: app.kubernetes.io/component
+    operator: In
+    values: [canary, predictor]
 {{- end }}

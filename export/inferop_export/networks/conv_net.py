@@ -8,10 +8,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from inferop.agreement import Gate
 from inferop.processing import Processing
 from inferop.tritonconfig import TensorSpec, random_weights
 from inferop_export.networks import NetworkContract
-from inferop_export.precision import Gate
 from inferop_export.sources import SourceError, TorchModule
 
 # Probabilities and values of order 1 agree to ~1e-7 in practice.

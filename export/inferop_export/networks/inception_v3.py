@@ -9,10 +9,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from inferop.agreement import Gate
 from inferop.processing import Processing
 from inferop.tritonconfig import TensorSpec, random_weights
 from inferop_export.networks import NetworkContract
-from inferop_export.precision import Gate
 from inferop_export.sources import SourceError, TorchModule, file_weights
 
 INCEPTION_SIZE = 299

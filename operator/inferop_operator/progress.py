@@ -1,0 +1,182 @@
+"""What a rollout in progress observes before the state machine (rollout.advance) takes its next step: the
+Deployments and pods (from the operator's in-memory indices), the HTTPRoute's acceptance by its Gateway, the
+agreement check against the pods, and the analysis from Prometheus. Each is asked only when the state needs it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from inferop_operator.agreement import AgreementError, compare_revisions
+from inferop_operator.analysis import PrometheusUnreachable, track_window
+from inferop_operator.builders import GATEWAY_GROUP, HTTP_PORT, Service
+from inferop_operator.identity import COMPONENTS, Track
+from inferop_operator.kubeapi import KubeApi
+from inferop_operator.rollout import (
+    AnalysisStatus,
+    Observed,
+    RolloutStatus,
+    analysis_due,
+    judge,
+    roll_back,
+    seconds_of,
+    timestamp,
+)
+from inferop_operator.spec import InferenceServiceSpec
+
+log = logging.getLogger(__name__)
+ROUTE_API_VERSION = f"{GATEWAY_GROUP}/v1"
+
+
+def rolled_out(deployment: Mapping[str, Any] | None, replicas: int | None = None) -> bool:
+    """A Deployment (its index summary) runs its current template on every replica, all ready: `replicas` of them
+    when given."""
+    if not deployment:
+        return False
+    want = deployment.get("specReplicas") if replicas is None else replicas
+    return bool(
+        deployment.get("generation") == deployment.get("observedGeneration")
+        and want is not None
+        and deployment.get("replicas", 0) == want
+        and deployment.get("updatedReplicas", 0) == want
+        and deployment.get("readyReplicas", 0) == want
+    )
+
+
+def deployment_summary(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What the Deployments index keeps: enough to tell a finished rollout, nothing more."""
+    status, spec = body.get("status") or {}, body.get("spec") or {}
+    return {
+        "generation": (body.get("metadata") or {}).get("generation"),
+        "observedGeneration": status.get("observedGeneration"),
+        "specReplicas": spec.get("replicas"),
+        "replicas": status.get("replicas", 0),
+        "updatedReplicas": status.get("updatedReplicas", 0),
+        "readyReplicas": status.get("readyReplicas", 0),
+    }
+
+
+def ready_pod_url(pods: Iterable[Mapping[str, Any]], track: Track) -> str | None:
+    """Triton's HTTP endpoint on one ready pod of the track, by its IP (agreement goes to the pods, not to callers'
+    routes)."""
+    for pod in sorted(pods, key=lambda p: str(p.get("name"))):
+        if pod.get("component") == COMPONENTS[track] and pod.get("ready") and pod.get("ip"):
+            return f"http://{pod['ip']}:{HTTP_PORT}"
+    return None
+
+
+def route_settled(route: Mapping[str, Any] | None) -> bool:
+    """Every Gateway the route names accepted its current generation and resolved its backends."""
+    if not route:
+        return False
+    generation = (route.get("metadata") or {}).get("generation")
+    parents = ((route.get("status") or {}).get("parents")) or []
+    if not parents:
+        return False
+    for parent in parents:
+        conditions = {c.get("type"): c for c in parent.get("conditions") or []}
+        for kind in ("Accepted", "ResolvedRefs"):
+            found = conditions.get(kind)
+            if not found or found.get("status") != "True" or found.get("observedGeneration") != generation:
+                return False
+    return True
+
+
+def observe(
+    service: Service,
+    spec: InferenceServiceSpec,
+    state: RolloutStatus,
+    split: str,
+    kube: KubeApi,
+    deployments: Mapping[str, Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    prometheus_url: str | None,
+    now: float,
+) -> tuple[Observed, RolloutStatus]:
+    """What the state machine needs now (and the state with the agreement check's trouble noted, if any)."""
+    assert spec.rollout is not None and service.candidate is not None
+    pods = list(pods)
+    stable_deployment = deployments.get(service.name)
+    candidate_deployment = deployments.get(service.candidate.object_name)
+    candidate_ready = rolled_out(candidate_deployment, service.routing.candidate_replicas)
+    settled = _traffic_settled(service, split, kube, stable_deployment, candidate_deployment)
+    agreement = None
+    if state.phase == "Agreement" and candidate_ready:
+        agreement, state = _agreement(service, spec, state, pods, now)
+    analysis = None
+    if analysis_due(state, spec.rollout, now):
+        analysis = _analysis(service, spec, state, prometheus_url, now)
+    observed = Observed(
+        now=now,
+        candidate_ready=candidate_ready,
+        traffic_settled=settled,
+        stable_rolled_out=rolled_out(stable_deployment),
+        agreement=agreement,
+        analysis=analysis,
+    )
+    return observed, state
+
+
+def _traffic_settled(
+    service: Service,
+    split: str,
+    kube: KubeApi,
+    stable: Mapping[str, Any] | None,
+    candidate: Mapping[str, Any] | None,
+) -> bool:
+    if split == "gateway":
+        return route_settled(kube.get(ROUTE_API_VERSION, "HTTPRoute", service.namespace, service.name))
+    routing = service.routing
+    stable_count = routing.stable_replicas if routing.stable_replicas is not None else None
+    return rolled_out(stable, stable_count) and rolled_out(candidate, routing.candidate_replicas)
+
+
+def _agreement(
+    service: Service, spec: InferenceServiceSpec, state: RolloutStatus, pods: list[Mapping[str, Any]], now: float
+) -> tuple[Any, RolloutStatus]:
+    """The check, once both tracks have a ready pod; a pod that does not answer is retried until the startup budget
+    is spent, then the candidate is rolled back: one that cannot be compared never gets traffic."""
+    stable_url, candidate_url = ready_pod_url(pods, "stable"), ready_pod_url(pods, "candidate")
+    trouble = None
+    if stable_url is None or candidate_url is None:
+        trouble = "no ready pod of " + ("the stable revision" if stable_url is None else "the candidate") + " yet"
+    else:
+        try:
+            return compare_revisions(stable_url, candidate_url, service.spec, spec), state
+        except AgreementError as error:
+            trouble = str(error)
+    since = seconds_of(state.changed_at) or now
+    if now - since > spec.timeouts.startup_seconds:
+        message = f"the agreement check could not run for {spec.timeouts.startup_seconds} s: {trouble}"
+        return None, roll_back(state, now, "AgreementUnavailable", message)
+    return None, state.model_copy(update={"reason": "AgreementPending", "message": f"agreement check waits: {trouble}"})
+
+
+def _analysis(
+    service: Service, spec: InferenceServiceSpec, state: RolloutStatus, prometheus_url: str | None, now: float
+) -> AnalysisStatus:
+    assert spec.rollout is not None
+    started = seconds_of(state.step_started_at) or now
+    window = max(now - started, 1.0)
+    step = state.step or 0
+    if not prometheus_url:
+        return AnalysisStatus(
+            verdict="Unreachable",
+            message="no Prometheus is configured (the operator's INFEROP_PROMETHEUS_URL, the chart's "
+            "rollout.prometheusUrl): the rollout cannot be judged",
+            step=step,
+            weight=state.weight,
+            at=timestamp(now),
+            window_seconds=round(window, 1),
+        )
+    model = spec.model.name
+    try:
+        candidate = track_window(prometheus_url, service.namespace, service.name, model, "candidate", window)
+        stable = track_window(prometheus_url, service.namespace, service.name, model, "stable", window)
+    except PrometheusUnreachable as error:
+        return AnalysisStatus(
+            verdict="Unreachable", message=str(error), step=step, weight=state.weight, at=timestamp(now),
+            window_seconds=round(window, 1),
+        )  # fmt: skip
+    return judge(candidate, stable, state.stable_latency_ms, spec.rollout, step, state.weight, window, now)

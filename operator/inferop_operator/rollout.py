@@ -1,0 +1,492 @@
+"""Revisions and the rollout: pure functions of the spec, the rollout state written last and what was observed.
+
+A revision is what a pod serves: the model, the serving config and the container (`revision_of`). When the spec's
+revision differs from the stable one and the spec asks for a rollout, the candidate runs beside the stable
+revision and goes through:
+
+    Agreement    its pods start; both revisions answer the same held-out inputs and must agree (no live traffic)
+    Progressing  step by step it takes `steps` percent of live requests (shadowed ones at steps of 0, every
+                 header-matched one), each step analysed every `analysis.intervalSeconds` against the stable
+                 revision over the same window; a failure rolls back at once, a step that passed for `stepSeconds`
+                 gives way to the next
+    Paused       held at its step: by `rollout.paused`, or for want of data (never promoted blind)
+    Promoting    it passed at 100: the stable Deployment takes its spec and rolls, the candidate holding all traffic
+    Finishing    the stable Deployment serves it; traffic back on the stable Service while the candidate drains
+    Succeeded    the candidate's objects are gone; the stable revision is the candidate
+    RollingBack  a failed check or an abort: no traffic to the candidate from this moment, its pods drain
+    RolledBack   its objects are gone; it stays rolled back until the spec names another revision
+
+`advance` is the whole machine: the handlers observe (pods, Deployments, the route, Prometheus, the agreement
+check) and write what it returns. Times are seconds since the epoch, written as RFC 3339.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from inferop_operator.spec import InferenceServiceSpec, Rollout, Section
+
+if TYPE_CHECKING:  # numpy stays out of the operator until a rollout compares answers
+    from inferop.agreement import GateResult
+
+Phase = Literal[
+    "Agreement", "Progressing", "Paused", "Promoting", "Finishing", "Succeeded", "RollingBack", "RolledBack"
+]
+# Phases in which the candidate's objects exist; in the others they are deleted.
+CANDIDATE_PHASES: frozenset[str] = frozenset(
+    {"Agreement", "Progressing", "Paused", "Promoting", "Finishing", "RollingBack"}
+)
+# Phases that end a rollout: nothing happens until the spec names another revision.
+FINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "RolledBack"})
+# Fields of the spec that do not change what a pod serves: editing them makes no new revision.
+NOT_SERVED = frozenset({"replicas", "autoscaling", "network_policy", "gateway", "rollout"})
+# After traffic leaves the candidate, its pods keep running this long before they are deleted, so that requests
+# a gateway still routed by the previous weights finish (Envoy applies a route within a second or two).
+DRAIN_SECONDS = 10.0
+REVISION_LENGTH = 10
+
+
+def served_fields(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """What of `spec` reaches its pods, as the spec spells it."""
+    return spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude=set(NOT_SERVED))
+
+
+def revision_of(spec: InferenceServiceSpec, image: str) -> str:
+    """The revision `spec` serves: a digest of everything that reaches its pods (and nothing that does not)."""
+    text = json.dumps({"spec": served_fields(spec), "image": image}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:REVISION_LENGTH]
+
+
+def with_served(spec: InferenceServiceSpec, served: dict[str, Any]) -> InferenceServiceSpec:
+    """`spec` serving what `served` says (another revision's served fields): replicas, autoscaling, routing and
+    the rollout stay the spec's."""
+    rest = spec.model_dump(mode="json", by_alias=True, exclude_none=True, include=set(NOT_SERVED))
+    return InferenceServiceSpec.model_validate({**served, **rest})
+
+
+def decide(
+    spec: InferenceServiceSpec,
+    revision: str,
+    state: RolloutStatus | None,
+    split: str,
+    now: float,
+    previous: tuple[InferenceServiceSpec, str] | None = None,
+) -> RolloutStatus:
+    """The rollout state for a spec just read: `revision` is the spec's (`revision_of`), `previous` the spec handled
+    before this change and its revision, when known (kopf's diff base), for a service whose status keeps no stable
+    revision yet. Without spec.rollout a change serves at once and nothing is kept."""
+    if spec.rollout is None:
+        return RolloutStatus(stable=revision)
+    if state is None or state.stable is None or state.stable_spec is None:
+        if previous is None or previous[1] == revision:
+            return RolloutStatus(stable=revision, stable_spec=served_fields(spec))
+        state = RolloutStatus(stable=previous[1], stable_spec=served_fields(previous[0]))
+    if revision == state.stable:
+        if state.phase in ("Agreement", "Progressing", "Paused"):
+            return roll_back(state, now, "SpecReverted", f"the spec serves revision {state.stable} again")
+        return state
+    if revision == state.candidate:
+        return state
+    return start(str(state.stable), revision, split, now, state)
+
+
+def stable_spec(spec: InferenceServiceSpec, state: RolloutStatus) -> InferenceServiceSpec:
+    """What the stable Deployment serves: the stable revision, or the candidate once it is being promoted."""
+    if state.stable_spec is None or state.phase in ("Promoting", "Finishing"):
+        return spec
+    return with_served(spec, state.stable_spec)
+
+
+def timestamp(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def seconds_of(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+class Reported(Section):
+    """A part of the status, camelCase like the spec; what this model does not know is ignored when read."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class TrackFigures(Reported):
+    """One revision's requests in an analysis window, from Triton's counters in Prometheus."""
+
+    requests: float = Field(description="Requests answered or failed in the window.")
+    failures: float = Field(description="Requests that failed in the window.")
+    failure_ratio: float | None = Field(default=None, description="failures / requests (unset: no requests).")
+    mean_latency_ms: float | None = Field(
+        default=None, description="Mean time in Triton per successful request (queue and compute), in ms."
+    )
+
+
+Verdict = Literal["Passed", "Failed", "NoData", "Unreachable"]
+
+
+class AnalysisStatus(Reported):
+    """The last analysis of the step: the candidate against the stable revision over the same window."""
+
+    verdict: Verdict = Field(description="Passed, Failed, NoData (too few requests) or Unreachable (Prometheus).")
+    message: str = Field(description="The numbers and what was decided.")
+    step: int = Field(description="Index of the step analysed.")
+    weight: int = Field(description="The candidate's weight at that step, percent.")
+    at: str = Field(description="When (RFC 3339).")
+    window_seconds: float = Field(description="Seconds of the step analysed.")
+    candidate: TrackFigures | None = Field(default=None, description="The candidate's figures.")
+    stable: TrackFigures | None = Field(default=None, description="The stable revision's figures.")
+
+
+class OutputAgreement(Reported):
+    """How one output of the candidate agreed with the stable revision's."""
+
+    name: str = Field(description="The output.")
+    top1_agreement: float | None = Field(default=None, description="Share of inputs with the same top-1 class.")
+    max_abs_difference: float | None = Field(default=None, description="The largest difference of any value.")
+
+
+class AgreementStatus(Reported):
+    """Both revisions on the same held-out inputs, before any live request reached the candidate."""
+
+    passed: bool = Field(description="The candidate agrees with the stable revision.")
+    samples: int = Field(description="Held-out inputs answered by both.")
+    outputs: list[OutputAgreement] = Field(default_factory=list, description="Each output compared.")
+    message: str = Field(description="The comparison and, when it failed, by how much.")
+
+
+class RolloutStatus(Reported):
+    """Where the rollout of a changed model or serving config stands."""
+
+    phase: Phase | None = Field(default=None, description="Where the candidate is (see the README's rollout).")
+    reason: str = Field(default="", description="Why it is there, in one CamelCase word.")
+    message: str = Field(default="", description="The same for a person.")
+    stable: str | None = Field(default=None, description="The revision that serves (its digest).")
+    candidate: str | None = Field(default=None, description="The revision being rolled out, or last rolled out.")
+    step: int | None = Field(default=None, description="Index of the current step in spec.rollout.steps.")
+    weight: int = Field(default=0, description="Percent of live requests routed to the candidate now.")
+    mirror_percent: int = Field(default=0, description="Percent of live requests copied to the candidate now.")
+    header: bool = Field(default=False, description="Header-matched requests reach the candidate now.")
+    split: Literal["gateway", "replicas"] | None = Field(
+        default=None,
+        description="How traffic is split: gateway (the HTTPRoute's weights) or replicas (pods behind one Service, "
+        "approximate: the share of ready pods).",
+    )
+    step_started_at: str | None = Field(default=None, description="When the current step's traffic took effect.")
+    changed_at: str | None = Field(default=None, description="When the phase or the traffic last changed.")
+    stable_latency_ms: float | None = Field(
+        default=None, description="The stable revision's latency last measured, for steps where it has no traffic."
+    )
+    agreement: AgreementStatus | None = Field(default=None, description="The check before any live traffic.")
+    analysis: AnalysisStatus | None = Field(default=None, description="The last analysis of a step.")
+    stable_spec: dict[str, Any] | None = Field(
+        default=None,
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        description="The spec the stable revision was made from (its served fields), kept while another rolls out.",
+    )
+
+    @property
+    def candidate_wanted(self) -> bool:
+        return self.phase in CANDIDATE_PHASES
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What the routing and the Deployments must say now."""
+
+    weight: int = 0  # percent to the candidate
+    mirror_percent: int = 0
+    header: bool = False
+
+    @classmethod
+    def of(cls, state: RolloutStatus) -> Traffic:
+        return cls(state.weight, state.mirror_percent, state.header)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the handlers saw this tick; None where nothing was asked (an agreement that has not run)."""
+
+    now: float
+    candidate_ready: bool = False  # the candidate's Deployment has every replica updated and ready
+    traffic_settled: bool = False  # the route (or the replicas) carry the state's traffic
+    stable_rolled_out: bool = False  # the stable Deployment runs its current spec on every replica, ready
+    agreement: GateResult | None = None
+    analysis: AnalysisStatus | None = None
+
+
+def start(stable: str, candidate: str, split: str, now: float, previous: RolloutStatus) -> RolloutStatus:
+    """A new candidate, from the stable revision: no traffic, its pods to start, the agreement to check."""
+    return previous.model_copy(
+        update={
+            "phase": "Agreement",
+            "reason": "CandidateStarting",
+            "message": f"revision {candidate} starts beside {stable}; it gets no traffic before it agrees",
+            "stable": stable,
+            "candidate": candidate,
+            "step": None,
+            "weight": 0,
+            "mirror_percent": 0,
+            "header": False,
+            "split": split,
+            "step_started_at": None,
+            "changed_at": timestamp(now),
+            "agreement": None,
+            "analysis": None,
+        }
+    )
+
+
+def step_traffic(rollout: Rollout, step: int, split: str) -> Traffic:
+    weight = rollout.steps[step]
+    mirror = rollout.shadow.percent if rollout.shadow is not None and weight == 0 and split == "gateway" else 0
+    return Traffic(weight=weight, mirror_percent=mirror, header=rollout.header is not None and split == "gateway")
+
+
+def _moved(state: RolloutStatus, now: float, **update: Any) -> RolloutStatus:
+    return state.model_copy(update={**update, "changed_at": timestamp(now)})
+
+
+def roll_back(state: RolloutStatus, now: float, reason: str, message: str) -> RolloutStatus:
+    """No traffic to the candidate from this moment; its pods drain, then go."""
+    return _moved(
+        state, now, phase="RollingBack", reason=reason, message=message, weight=0, mirror_percent=0, header=False
+    )
+
+
+def _enter_step(state: RolloutStatus, rollout: Rollout, step: int, now: float) -> RolloutStatus:
+    traffic = step_traffic(rollout, step, state.split or "gateway")
+    return _moved(
+        state,
+        now,
+        phase="Progressing",
+        reason="StepStarted",
+        message=f"step {step + 1} of {len(rollout.steps)}: {traffic.weight}% of live requests"
+        + (f", {traffic.mirror_percent}% mirrored" if traffic.mirror_percent else "")
+        + (", header-matched requests" if traffic.header else ""),
+        step=step,
+        weight=traffic.weight,
+        mirror_percent=traffic.mirror_percent,
+        header=traffic.header,
+        step_started_at=None,
+    )
+
+
+def advance(state: RolloutStatus, rollout: Rollout, observed: Observed, candidate: dict[str, Any]) -> RolloutStatus:
+    """The rollout's next state, given the spec's rollout section, what was observed and the candidate's served
+    fields (which the stable revision keeps once promoted)."""
+    now = observed.now
+    phase = state.phase
+    if phase in FINAL_PHASES or phase is None:
+        return state
+    if rollout.abort is not None and rollout.abort == state.candidate and phase not in ("RollingBack",):
+        return roll_back(state, now, "Aborted", f"revision {state.candidate} aborted by spec.rollout.abort")
+    if phase == "Agreement":
+        return _agreement(state, rollout, observed)
+    if phase in ("Progressing", "Paused"):
+        if rollout.promote is not None and rollout.promote == state.candidate:
+            return _moved(
+                state, now, phase="Promoting", reason="PromotedBySpec",
+                message=f"revision {state.candidate} promoted by spec.rollout.promote: the stable Deployment takes "
+                "its spec", weight=100, mirror_percent=0,
+            )  # fmt: skip
+        return _step(state, rollout, observed)
+    if phase == "Promoting":
+        if not observed.stable_rolled_out:
+            return state
+        return _moved(
+            state, now, phase="Finishing", reason="StableUpdated",
+            message=f"the stable Deployment serves revision {state.candidate}: traffic back on it, the candidate's "
+            "pods drain", stable=state.candidate, stable_spec=candidate, weight=0, mirror_percent=0, header=False,
+        )  # fmt: skip
+    if phase in ("Finishing", "RollingBack"):
+        since = seconds_of(state.changed_at) or now
+        if observed.traffic_settled and now - since >= DRAIN_SECONDS:
+            final = "Succeeded" if phase == "Finishing" else "RolledBack"
+            message = (
+                f"revision {state.candidate} serves every request"
+                if final == "Succeeded"
+                else f"revision {state.candidate} rolled back: {state.message}"
+            )
+            return _moved(state, now, phase=final, message=message)
+        return state
+    return state
+
+
+def _agreement(state: RolloutStatus, rollout: Rollout, observed: Observed) -> RolloutStatus:
+    now = observed.now
+    if not observed.candidate_ready:
+        return state.model_copy(update={"reason": "CandidateStarting"})
+    result = observed.agreement
+    if result is None:
+        return state
+    outputs = [OutputAgreement(name=name, top1_agreement=round(share, 4)) for name, share in result.agreement.items()]
+    outputs += [
+        OutputAgreement(name=name, max_abs_difference=float(f"{diff:.4g}"))
+        for name, diff in result.max_abs_diff.items()
+    ]
+    summary = AgreementStatus(
+        passed=result.passed,
+        samples=result.samples,
+        outputs=outputs,
+        message=result.describe() + (f"; fails: {'; '.join(result.failures)}" if result.failures else ""),
+    )
+    state = state.model_copy(update={"agreement": summary})
+    if not result.passed:
+        return roll_back(
+            state, now, "Disagrees", f"revision {state.candidate} disagrees, so it gets no traffic: {summary.message}"
+        )
+    return _enter_step(state, rollout, 0, now)
+
+
+def _step(state: RolloutStatus, rollout: Rollout, observed: Observed) -> RolloutStatus:
+    now = observed.now
+    step = state.step or 0
+    if state.step_started_at is None:
+        if not observed.traffic_settled:
+            return state
+        state = state.model_copy(update={"step_started_at": timestamp(now)})
+    analysis = observed.analysis
+    paused_by_spec = rollout.paused
+    if analysis is None:
+        if paused_by_spec and state.phase != "Paused":
+            return _moved(state, now, phase="Paused", reason="PausedBySpec", message="held by spec.rollout.paused")
+        if not paused_by_spec and state.reason == "PausedBySpec":
+            return _moved(state, now, phase="Progressing", reason="Resumed", message="spec.rollout.paused unset")
+        return state
+    state = state.model_copy(update={"analysis": analysis})
+    if analysis.stable is not None and analysis.stable.mean_latency_ms is not None:
+        state = state.model_copy(update={"stable_latency_ms": analysis.stable.mean_latency_ms})
+    if analysis.verdict == "Failed":
+        return roll_back(state, now, "AnalysisFailed", analysis.message)
+    if analysis.verdict in ("NoData", "Unreachable"):
+        started = seconds_of(state.step_started_at) or now
+        if analysis.verdict == "Unreachable" or now - started >= rollout.step_seconds:
+            reason = "PrometheusUnreachable" if analysis.verdict == "Unreachable" else "NoData"
+            if state.phase != "Paused" or state.reason != reason:
+                return _moved(
+                    state, now, phase="Paused", reason=reason, message=f"never promoted blind: {analysis.message}"
+                )
+        return state
+    started = seconds_of(state.step_started_at) or now
+    if paused_by_spec:
+        if state.phase != "Paused" or state.reason != "PausedBySpec":
+            return _moved(state, now, phase="Paused", reason="PausedBySpec", message="held by spec.rollout.paused")
+        return state
+    if now - started < rollout.step_seconds:
+        if state.phase == "Paused":
+            return _moved(state, now, phase="Progressing", reason="Resumed", message=analysis.message)
+        return state
+    if step + 1 < len(rollout.steps):
+        return _enter_step(state, rollout, step + 1, now)
+    return _moved(
+        state, now, phase="Promoting", reason="AllStepsPassed",
+        message=f"revision {state.candidate} passed every step: the stable Deployment takes its spec",
+        weight=100, mirror_percent=0,
+    )  # fmt: skip
+
+
+def analysis_due(state: RolloutStatus, rollout: Rollout, now: float) -> bool:
+    """A step whose traffic is in effect is analysed every `analysis.intervalSeconds`."""
+    if state.phase not in ("Progressing", "Paused") or state.step_started_at is None:
+        return False
+    last = seconds_of(state.analysis.at) if state.analysis is not None and state.analysis.step == state.step else None
+    since = last if last is not None else seconds_of(state.step_started_at)
+    return since is None or now - since >= rollout.analysis.interval_seconds
+
+
+def judge(
+    candidate: TrackFigures,
+    stable: TrackFigures | None,
+    reference_latency_ms: float | None,
+    rollout: Rollout,
+    step: int,
+    weight: int,
+    window: float,
+    now: float,
+) -> AnalysisStatus:
+    """The candidate against the stable revision over one window. Too few requests: no data, never a pass. The
+    stable revision's latency is the reference; at a step where it has no traffic, the one measured last."""
+    limits = rollout.analysis
+    figures = (
+        f"candidate {candidate.requests:.0f} requests, {_ratio(candidate.failure_ratio)} failed, "
+        f"{_ms(candidate.mean_latency_ms)}; stable "
+        + (
+            f"{stable.requests:.0f} requests, {_ratio(stable.failure_ratio)} failed, {_ms(stable.mean_latency_ms)}"
+            if stable is not None
+            else "no figures"
+        )
+        + f" (over {window:.0f} s)"
+    )
+
+    def verdict(kind: Verdict, why: str) -> AnalysisStatus:
+        return AnalysisStatus(
+            verdict=kind, message=f"{why}: {figures}", step=step, weight=weight, at=timestamp(now),
+            window_seconds=round(window, 1), candidate=candidate, stable=stable,
+        )  # fmt: skip
+
+    if candidate.requests < limits.min_requests:
+        return verdict("NoData", f"{candidate.requests:.0f} of the {limits.min_requests} requests needed")
+    excess = (candidate.failure_ratio or 0.0) - ((stable.failure_ratio if stable else None) or 0.0)
+    allowed = limits.max_failure_ratio_increase
+    if excess > allowed:
+        return verdict("Failed", f"failure ratio {excess:+.2%} against the stable revision's (at most {allowed:+.2%})")
+    reference = stable.mean_latency_ms if stable is not None and stable.mean_latency_ms else reference_latency_ms
+    if candidate.mean_latency_ms is not None and reference:
+        ratio = candidate.mean_latency_ms / reference
+        if ratio > limits.max_latency_ratio:
+            return verdict(
+                "Failed", f"latency {ratio:.2f}x the stable revision's (at most {limits.max_latency_ratio:g}x)"
+            )
+        return verdict("Passed", f"latency {ratio:.2f}x, failure ratio {excess:+.2%} against the stable revision")
+    if candidate.mean_latency_ms is None:
+        return verdict("NoData", "no successful request to time")
+    return verdict("Passed", f"failure ratio {excess:+.2%} against the stable revision; no stable latency to compare")
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2%}"
+
+
+def _ms(value: float | None) -> str:
+    return "latency n/a" if value is None else f"{value:.1f} ms a request"
+
+
+def track_figures(successes: float, failures: float, duration_us: float) -> TrackFigures:
+    """Figures from the increases of Triton's counters over a window."""
+    requests = successes + failures
+    return TrackFigures(
+        requests=round(requests, 1),
+        failures=round(failures, 1),
+        failure_ratio=round(failures / requests, 4) if requests > 0 else None,
+        mean_latency_ms=round(duration_us / successes / 1000, 3) if successes > 0 else None,
+    )
+
+
+def replica_split(total: int, weight: int) -> tuple[int, int]:
+    """(stable, candidate) pods behind one Service so that the candidate's share of the ready pods comes nearest to
+    `weight` percent: at least one each while both serve, all on the candidate at 100 (approximate: a Service
+    balances by pods, not by percent)."""
+    if weight <= 0:
+        return total, 0
+    if weight >= 100:
+        return 0, max(total, 1)
+    total = max(total, 2)
+    candidate = min(max(round(total * weight / 100), 1), total - 1)
+    return total - candidate, candidate
+
+
+def canary_replicas(stable_replicas: int, weight: int, mirror_percent: int, header: bool) -> int:
+    """Pods the candidate needs behind a gateway: its share of the stable revision's pods, rounded up, at least one
+    (it must answer the agreement check, mirrored and header-matched requests)."""
+    share = max(weight, mirror_percent)
+    return max(1, math.ceil(max(stable_replicas, 1) * share / 100))

@@ -1,0 +1,110 @@
+"""When two models answer alike (inferop.agreement), and the rollout's check of it against real tritonservers
+(inferop_operator.agreement): the same model agrees, other weights do not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferop.agreement import Comparison, Gate, default_gate, held_out_inputs
+from inferop.processing import Processing
+from inferop.tritonconfig import TensorSpec
+from inferop_operator.agreement import AgreementError, compare_revisions, infer
+from inferop_operator.spec import parse_spec
+from tests.conftest import SERVING, TINY, ExportedRepo, RunningServer
+
+OUTPUTS = (TensorSpec(name="policy", dims=(7,)), TensorSpec(name="value", dims=(1,)))
+
+
+class TestGate:
+    def test_each_kind_of_processing_implies_its_comparison(self) -> None:
+        assert default_gate(Processing(kind="policyValue"), OUTPUTS) == Gate(
+            top1=("policy",), max_abs_diff={"value": 0.02}
+        )
+        logits = (TensorSpec(name="scores", dims=(1000,)), TensorSpec(name="logits", dims=(1000,), label_filename="l"))
+        image = Processing(kind="imageClassification", resize_ratio=1.14, mean=[0.5] * 3, std=[0.2] * 3)
+        assert default_gate(image, logits).top1 == ("logits",)
+        plain = default_gate(None, OUTPUTS, max_abs_difference=0.5)
+        assert plain == Gate(top1=(), max_abs_diff={"policy": 0.5, "value": 0.5})
+
+    def test_agreement_and_differences_are_counted_per_sample(self) -> None:
+        comparison = Comparison(Gate(top1=("policy",), max_abs_diff={"value": 0.1}))
+        reference = {"policy": np.array([[0.1, 0.9], [0.8, 0.2]]), "value": np.array([[0.5], [0.5]])}
+        compared = {"policy": np.array([[0.2, 0.8], [0.1, 0.9]]), "value": np.array([[0.55], [0.2]])}
+        comparison.add(reference, compared, 2)
+        result = comparison.result("candidate", "the stable revision")
+        assert result.agreement == {"policy": 0.5} and result.max_abs_diff["value"] == pytest.approx(0.3)
+        assert result.failures == ["policy: top-1 agreement 50.0% < 99%", "value: max |diff| 0.3 >= 0.1"]
+        assert "candidate against the stable revision on 2 held-out inputs" in result.describe()
+
+
+class TestHeldOutInputs:
+    def test_boards_in_batches_of_the_models_largest(self) -> None:
+        board = [TensorSpec(name="board", dims=(1, 6, 5))]
+        batches = list(held_out_inputs(Processing(kind="policyValue"), board, samples=10, batch=4, seed=1))
+        assert [count for count, _ in batches] == [4, 4, 2]
+        arrays = np.concatenate([feeds["board"] for _, feeds in batches])
+        assert arrays.shape == (10, 1, 6, 5) and set(np.unique(arrays)) <= {-1.0, 0.0, 1.0}
+
+    def test_the_same_seed_the_same_inputs_and_a_model_without_a_batch_axis(self) -> None:
+        spec = [TensorSpec(name="x", dims=(3,)), TensorSpec(name="ids", datatype="INT64", dims=(2,))]
+        first = list(held_out_inputs(None, spec, samples=2, batch=0, seed=7))
+        again = list(held_out_inputs(None, spec, samples=2, batch=0, seed=7))
+        assert [feeds["x"].shape for _, feeds in first] == [(3,), (3,)]
+        assert all(np.array_equal(a["x"], b["x"]) for (_, a), (_, b) in zip(first, again, strict=True))
+        assert first[0][1]["ids"].dtype == np.int64
+
+
+def conv_net_spec(model_repo: ExportedRepo, **changes: object) -> object:
+    """The tiny conv net's spec as export wrote it, with a rollout asking for the agreement check."""
+    raw = model_repo.reports["conv_net"].spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return parse_spec({**raw, "rollout": {"agreement": {"samples": 40}}, **changes})
+
+
+@pytest.mark.integration
+class TestAgainstTritonServers:
+    def test_binary_tensors_round_trip(self, triton: RunningServer) -> None:
+        board = np.zeros((3, 1, TINY["rows"], TINY["cols"]), dtype=np.float32)
+        answers = infer(f"http://{triton.url}", "conv_net", {"board": board}, ["policy", "value"])
+        assert answers["policy"].shape == (3, TINY["moves"]) and answers["value"].shape == (3, 1)
+        np.testing.assert_allclose(answers["policy"].sum(axis=1), 1.0, rtol=1e-5)
+
+    def test_the_same_model_under_another_serving_config_agrees(
+        self, model_repo: ExportedRepo, triton: RunningServer
+    ) -> None:
+        stable = conv_net_spec(model_repo)
+        candidate = conv_net_spec(model_repo, instances=2)
+        result = compare_revisions(f"http://{triton.url}", f"http://{triton.url}", stable, candidate)
+        assert result.passed and result.samples == 40
+        assert result.agreement == {"policy": 1.0} and result.max_abs_diff == {"value": 0.0}
+
+    def test_other_weights_disagree_by_how_much(
+        self, model_repo: ExportedRepo, triton: RunningServer, tmp_path: Path
+    ) -> None:
+        from inferop.serving.tritonserver import TritonServer, free_port
+        from inferop_export.exporter import export_model
+        from inferop_export.networks.conv_net import conv_net
+        from inferop_operator.spec import parse_serving
+
+        export_model(conv_net(**TINY, seed=7), tmp_path, serving=parse_serving(SERVING["conv_net"]), quiet=True)
+        stable = conv_net_spec(model_repo)
+        with TritonServer(tmp_path, http_port=free_port()) as other:
+            result = compare_revisions(f"http://{triton.url}", f"http://{other.url}", stable, stable)
+        assert not result.passed
+        assert result.agreement["policy"] < 0.99 or result.max_abs_diff["value"] >= 0.02, result.describe()
+
+    def test_a_pod_that_does_not_answer_is_an_error_not_a_disagreement(self, model_repo: ExportedRepo) -> None:
+        from inferop.serving.tritonserver import free_port
+
+        stable = conv_net_spec(model_repo)
+        with pytest.raises(AgreementError, match=r"refused|Connection"):
+            compare_revisions(f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}", stable, stable)
+
+    def test_models_called_differently_cannot_agree(self, model_repo: ExportedRepo, triton: RunningServer) -> None:
+        stable = conv_net_spec(model_repo)
+        model = stable.model.model_dump(mode="json", by_alias=True, exclude_none=True)
+        renamed = conv_net_spec(model_repo, model={**model, "inputs": [{"name": "cells", "dims": [1, 6, 5]}]})
+        with pytest.raises(AgreementError, match="callers of one cannot call the other"):
+            compare_revisions(f"http://{triton.url}", f"http://{triton.url}", stable, renamed)

@@ -1,0 +1,297 @@
+"""The rollout's state machine (inferop_operator.rollout): revisions, each phase's way out, the analysis' verdicts
+and the traffic they set. Pure: what the handlers observe is given, what the machine decides is checked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from inferop.agreement import Gate, GateResult
+from inferop_operator.rollout import (
+    DRAIN_SECONDS,
+    AnalysisStatus,
+    Observed,
+    RolloutStatus,
+    TrackFigures,
+    advance,
+    analysis_due,
+    canary_replicas,
+    decide,
+    judge,
+    replica_split,
+    revision_of,
+    served_fields,
+    stable_spec,
+    timestamp,
+    track_figures,
+)
+from inferop_operator.spec import InferenceServiceSpec, Rollout, parse_spec
+from tests.specs import MODEL, raw_spec
+
+IMAGE = "nvcr.io/nvidia/tritonserver:25.01-py3"
+T0 = 1_800_000_000.0
+ROLLOUT = {"steps": [5, 25, 100], "stepSeconds": 60, "analysis": {"intervalSeconds": 10, "minRequests": 20}}
+
+
+def spec_of(**sections: Any) -> InferenceServiceSpec:
+    return parse_spec(raw_spec(rollout=ROLLOUT, **sections))
+
+
+def rollout_of(**changes: Any) -> Rollout:
+    return Rollout.model_validate({**ROLLOUT, **changes})
+
+
+def started(split: str = "gateway") -> tuple[InferenceServiceSpec, RolloutStatus]:
+    """A candidate (one more instance) just started beside the stable spec."""
+    stable = spec_of()
+    state = decide(stable, revision_of(stable, IMAGE), None, split, T0)
+    candidate = spec_of(instances=2)
+    return candidate, decide(candidate, revision_of(candidate, IMAGE), state, split, T0)
+
+
+def agreement(passed: bool) -> GateResult:
+    gate = Gate(top1=("policy",), max_abs_diff={"value": 0.02})
+    return GateResult("candidate", 64, {"policy": 1.0 if passed else 0.4}, {"value": 0.001}, gate, "stable")
+
+
+def at_step(step: int = 0, settled_at: float = T0) -> RolloutStatus:
+    """The candidate past its agreement, at `step`, its traffic in effect since `settled_at`."""
+    spec, state = started()
+    state = advance(state, spec.rollout, Observed(T0, candidate_ready=True, agreement=agreement(True)), {})
+    for index in range(1, step + 1):
+        state = state.model_copy(update={"step": index, "weight": ROLLOUT["steps"][index]})
+    return state.model_copy(update={"step_started_at": timestamp(settled_at)})
+
+
+def analysed(verdict: str, at: float, step: int = 0) -> AnalysisStatus:
+    figures = TrackFigures(requests=100, failures=0, failure_ratio=0.0, mean_latency_ms=2.0)
+    return AnalysisStatus(
+        verdict=verdict, message=verdict, step=step, weight=5, at=timestamp(at), window_seconds=10,
+        candidate=figures, stable=figures,
+    )  # fmt: skip
+
+
+class TestRevisions:
+    def test_what_reaches_the_pods_makes_a_revision(self) -> None:
+        base = revision_of(spec_of(), IMAGE)
+        assert revision_of(spec_of(instances=2), IMAGE) != base
+        assert revision_of(spec_of(batching={"maxBatchSize": 4}), IMAGE) != base
+        assert revision_of(spec_of(), "other:image") != base
+        model = {**MODEL, "weights": "trained.pt (sha256 1234)"}
+        assert revision_of(parse_spec(raw_spec(rollout=ROLLOUT, model=model)), IMAGE) != base
+
+    def test_what_does_not_reach_the_pods_makes_none(self) -> None:
+        base = revision_of(spec_of(), IMAGE)
+        assert revision_of(spec_of(replicas=3), IMAGE) == base
+        assert revision_of(spec_of(autoscaling={"maxReplicas": 4, "target": 50}), IMAGE) == base
+        assert revision_of(parse_spec(raw_spec(rollout={"steps": [50, 100]})), IMAGE) == base
+        assert revision_of(spec_of(gateway={"name": "public"}), IMAGE) == base
+
+    def test_the_stable_track_serves_the_stable_fields_with_the_specs_replicas(self) -> None:
+        stable = spec_of()
+        state = decide(stable, revision_of(stable, IMAGE), None, "gateway", T0)
+        served = stable_spec(spec_of(instances=3, replicas=4), state)
+        assert (served.instances, served.replicas) == (1, 4)
+        assert served_fields(served) == served_fields(stable)
+
+
+class TestDecide:
+    def test_without_a_rollout_a_change_serves_at_once(self) -> None:
+        spec = parse_spec(raw_spec(instances=2))
+        state = decide(spec, revision_of(spec, IMAGE), None, "gateway", T0)
+        assert (state.stable, state.phase, state.stable_spec) == (revision_of(spec, IMAGE), None, None)
+        assert stable_spec(spec, state) is spec
+
+    def test_the_first_spec_is_stable_and_kept(self) -> None:
+        spec = spec_of()
+        state = decide(spec, revision_of(spec, IMAGE), None, "gateway", T0)
+        assert state.phase is None and state.stable_spec == served_fields(spec)
+
+    def test_a_changed_spec_starts_a_candidate_without_traffic(self) -> None:
+        candidate, state = started()
+        assert state.phase == "Agreement"
+        assert (state.candidate, state.weight, state.mirror_percent, state.header) == (
+            revision_of(candidate, IMAGE), 0, 0, False,
+        )  # fmt: skip
+        assert stable_spec(candidate, state).instances == 1
+
+    def test_the_spec_before_the_change_is_stable_when_the_status_kept_none(self) -> None:
+        before, after = parse_spec(raw_spec()), spec_of(instances=2)
+        state = decide(after, revision_of(after, IMAGE), None, "gateway", T0, (before, revision_of(before, IMAGE)))
+        assert state.phase == "Agreement" and state.stable == revision_of(before, IMAGE)
+        assert stable_spec(after, state).instances == 1
+
+    def test_the_same_candidate_again_changes_nothing(self) -> None:
+        candidate, state = started()
+        assert decide(candidate, revision_of(candidate, IMAGE), state, "gateway", T0 + 5) == state
+
+    def test_an_edit_mid_rollout_starts_over_from_the_stable_revision(self) -> None:
+        state = at_step(1)
+        third = spec_of(instances=3)
+        restarted = decide(third, revision_of(third, IMAGE), state, "gateway", T0 + 90)
+        assert restarted.phase == "Agreement" and restarted.candidate == revision_of(third, IMAGE)
+        assert (restarted.weight, restarted.step, restarted.stable) == (0, None, state.stable)
+
+    def test_back_to_the_stable_revision_mid_rollout_rolls_back(self) -> None:
+        state = at_step(1)
+        stable = spec_of()
+        reverted = decide(stable, revision_of(stable, IMAGE), state, "gateway", T0 + 90)
+        assert (reverted.phase, reverted.reason, reverted.weight) == ("RollingBack", "SpecReverted", 0)
+
+    def test_a_rolled_back_candidate_stays_rolled_back(self) -> None:
+        candidate, state = started()
+        done = state.model_copy(update={"phase": "RolledBack"})
+        assert decide(candidate, revision_of(candidate, IMAGE), done, "gateway", T0 + 90) == done
+
+
+class TestAgreementPhase:
+    def test_it_waits_for_the_candidates_pods(self) -> None:
+        spec, state = started()
+        assert advance(state, spec.rollout, Observed(T0 + 1), {}).phase == "Agreement"
+
+    def test_agreement_sends_the_first_steps_traffic(self) -> None:
+        spec, state = started()
+        moved = advance(state, spec.rollout, Observed(T0 + 5, candidate_ready=True, agreement=agreement(True)), {})
+        assert (moved.phase, moved.step, moved.weight, moved.step_started_at) == ("Progressing", 0, 5, None)
+        assert moved.agreement is not None and moved.agreement.passed
+
+    def test_disagreement_never_sends_a_request(self) -> None:
+        spec, state = started()
+        moved = advance(state, spec.rollout, Observed(T0 + 5, candidate_ready=True, agreement=agreement(False)), {})
+        assert (moved.phase, moved.reason, moved.weight, moved.mirror_percent, moved.header) == (
+            "RollingBack", "Disagrees", 0, 0, False,
+        )  # fmt: skip
+        assert "policy: top-1 agreement 40.0% < 99%" in moved.message
+
+    def test_shadow_and_header_at_a_step_of_zero_through_a_gateway(self) -> None:
+        spec = parse_spec(raw_spec(instances=2, rollout={
+            **ROLLOUT, "steps": [0, 100], "shadow": {"percent": 20}, "header": {"name": "x-ab", "value": "b"},
+        }))  # fmt: skip
+        state = decide(spec, revision_of(spec, IMAGE), started()[1], "gateway", T0)
+        moved = advance(state, spec.rollout, Observed(T0 + 5, candidate_ready=True, agreement=agreement(True)), {})
+        assert (moved.weight, moved.mirror_percent, moved.header) == (0, 20, True)
+
+
+class TestSteps:
+    def test_the_window_starts_when_the_traffic_is_in_effect(self) -> None:
+        state = at_step(0).model_copy(update={"step_started_at": None})
+        assert advance(state, rollout_of(), Observed(T0 + 1), {}).step_started_at is None
+        settled = advance(state, rollout_of(), Observed(T0 + 2, traffic_settled=True), {})
+        assert settled.step_started_at == timestamp(T0 + 2)
+
+    def test_a_failed_analysis_rolls_back_at_once(self) -> None:
+        moved = advance(at_step(1), rollout_of(), Observed(T0 + 10, analysis=analysed("Failed", T0 + 10, 1)), {})
+        assert (moved.phase, moved.reason, moved.weight) == ("RollingBack", "AnalysisFailed", 0)
+
+    def test_a_pass_before_the_step_ends_holds_the_step(self) -> None:
+        moved = advance(at_step(0), rollout_of(), Observed(T0 + 30, analysis=analysed("Passed", T0 + 30)), {})
+        assert (moved.phase, moved.step, moved.weight) == ("Progressing", 0, 5)
+
+    def test_a_pass_at_the_steps_end_starts_the_next(self) -> None:
+        moved = advance(at_step(0), rollout_of(), Observed(T0 + 60, analysis=analysed("Passed", T0 + 60)), {})
+        assert (moved.phase, moved.step, moved.weight, moved.step_started_at) == ("Progressing", 1, 25, None)
+
+    def test_the_last_step_passed_promotes(self) -> None:
+        moved = advance(at_step(2), rollout_of(), Observed(T0 + 60, analysis=analysed("Passed", T0 + 60, 2)), {})
+        assert (moved.phase, moved.weight) == ("Promoting", 100)
+
+    def test_too_few_requests_wait_then_pause(self) -> None:
+        early = advance(at_step(0), rollout_of(), Observed(T0 + 20, analysis=analysed("NoData", T0 + 20)), {})
+        assert early.phase == "Progressing"
+        late = advance(at_step(0), rollout_of(), Observed(T0 + 60, analysis=analysed("NoData", T0 + 60)), {})
+        assert (late.phase, late.reason, late.weight) == ("Paused", "NoData", 5)
+
+    def test_prometheus_unreachable_pauses_at_once_and_data_resumes(self) -> None:
+        paused = advance(at_step(0), rollout_of(), Observed(T0 + 10, analysis=analysed("Unreachable", T0 + 10)), {})
+        assert (paused.phase, paused.reason, paused.weight) == ("Paused", "PrometheusUnreachable", 5)
+        resumed = advance(paused, rollout_of(), Observed(T0 + 20, analysis=analysed("Passed", T0 + 20)), {})
+        assert (resumed.phase, resumed.step) == ("Progressing", 0)
+
+    def test_paused_by_the_spec_holds_but_a_failure_still_rolls_back(self) -> None:
+        held = advance(at_step(0), rollout_of(paused=True), Observed(T0 + 90, analysis=analysed("Passed", T0 + 90)), {})
+        assert (held.phase, held.reason, held.step) == ("Paused", "PausedBySpec", 0)
+        failed = advance(held, rollout_of(paused=True), Observed(T0 + 100, analysis=analysed("Failed", T0 + 100)), {})
+        assert failed.phase == "RollingBack"
+
+    def test_promote_and_abort_name_the_candidate(self) -> None:
+        state = at_step(0)
+        other = advance(state, rollout_of(promote="someother"), Observed(T0 + 1), {})
+        assert other.phase == "Progressing"
+        assert advance(state, rollout_of(promote=state.candidate), Observed(T0 + 1), {}).phase == "Promoting"
+        aborted = advance(state, rollout_of(abort=state.candidate), Observed(T0 + 1), {})
+        assert (aborted.phase, aborted.reason, aborted.weight) == ("RollingBack", "Aborted", 0)
+
+    def test_an_analysis_is_due_every_interval_of_a_step_in_effect(self) -> None:
+        state = at_step(0)
+        assert not analysis_due(state, rollout_of(), T0 + 5)
+        assert analysis_due(state, rollout_of(), T0 + 10)
+        state = state.model_copy(update={"analysis": analysed("Passed", T0 + 10)})
+        assert not analysis_due(state, rollout_of(), T0 + 15)
+        assert analysis_due(state, rollout_of(), T0 + 20)
+        assert not analysis_due(state.model_copy(update={"step_started_at": None}), rollout_of(), T0 + 99)
+
+
+class TestEndings:
+    def test_promotion_waits_for_the_stable_deployment_then_sends_traffic_back(self) -> None:
+        state = at_step(2).model_copy(update={"phase": "Promoting", "weight": 100})
+        assert advance(state, rollout_of(), Observed(T0 + 70), {}).phase == "Promoting"
+        served = {"instances": 2}
+        moved = advance(state, rollout_of(), Observed(T0 + 80, stable_rolled_out=True), served)
+        assert (moved.phase, moved.weight, moved.stable, moved.stable_spec) == (
+            "Finishing", 0, state.candidate, served,
+        )  # fmt: skip
+
+    @pytest.mark.parametrize(("draining", "final"), [("Finishing", "Succeeded"), ("RollingBack", "RolledBack")])
+    def test_the_candidate_goes_after_its_drain(self, draining: str, final: str) -> None:
+        state = at_step(0).model_copy(update={"phase": draining, "weight": 0, "changed_at": timestamp(T0)})
+        assert (
+            advance(state, rollout_of(), Observed(T0 + DRAIN_SECONDS - 1, traffic_settled=True), {}).phase == draining
+        )
+        assert advance(state, rollout_of(), Observed(T0 + DRAIN_SECONDS, traffic_settled=False), {}).phase == draining
+        ended = advance(state, rollout_of(), Observed(T0 + DRAIN_SECONDS, traffic_settled=True), {})
+        assert ended.phase == final and not ended.candidate_wanted
+
+
+class TestJudge:
+    def verdict(self, candidate: TrackFigures, stable: TrackFigures | None, reference: float | None = None) -> str:
+        return judge(candidate, stable, reference, rollout_of(), 0, 5, 10, T0).verdict
+
+    def test_figures_from_triton_counters(self) -> None:
+        figures = track_figures(successes=98, failures=2, duration_us=98 * 3000)
+        assert (figures.requests, figures.failure_ratio, figures.mean_latency_ms) == (100, 0.02, 3.0)
+        assert track_figures(0, 0, 0).failure_ratio is None
+
+    def test_too_few_requests_are_no_data_never_a_pass(self) -> None:
+        assert self.verdict(track_figures(19, 0, 19_000), track_figures(500, 0, 500_000)) == "NoData"
+
+    def test_failures_beyond_the_stables_fail(self) -> None:
+        stable = track_figures(985, 15, 985 * 2000)  # 1.5% failed
+        assert self.verdict(track_figures(98, 2, 98 * 2000), stable) == "Passed"  # 2%: +0.5 points, allowed
+        assert self.verdict(track_figures(97, 3, 97 * 2000), stable) == "Failed"  # 3%: +1.5 points
+
+    def test_latency_beyond_the_ratio_fails(self) -> None:
+        stable = track_figures(1000, 0, 1000 * 2000)
+        assert self.verdict(track_figures(100, 0, 100 * 2900), stable) == "Passed"
+        assert self.verdict(track_figures(100, 0, 100 * 4000), stable) == "Failed"
+
+    def test_at_full_weight_the_stables_last_latency_is_the_reference(self) -> None:
+        assert self.verdict(track_figures(100, 0, 100 * 4000), track_figures(0, 0, 0), reference=2.0) == "Failed"
+        assert self.verdict(track_figures(100, 0, 100 * 2000), None, reference=2.0) == "Passed"
+
+
+class TestReplicas:
+    @pytest.mark.parametrize(
+        ("total", "weight", "split"),
+        [(4, 0, (4, 0)), (4, 5, (3, 1)), (4, 50, (2, 2)), (4, 90, (1, 3)), (4, 100, (0, 4)), (1, 25, (1, 1))],
+    )
+    def test_the_nearest_share_of_pods_with_one_each_while_both_serve(
+        self, total: int, weight: int, split: tuple[int, int]
+    ) -> None:
+        assert replica_split(total, weight) == split
+
+    def test_a_gateways_candidate_gets_its_share_rounded_up(self) -> None:
+        assert canary_replicas(10, 5, 0, False) == 1
+        assert canary_replicas(10, 25, 0, False) == 3
+        assert canary_replicas(10, 0, 20, True) == 2
+        assert canary_replicas(0, 0, 0, False) == 1
