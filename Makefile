@@ -5,8 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CACHE ?= $(HOME)/.cache/inferop
 export INFEROP_CACHE := $(CACHE)
-# Where the chart and the tests find helm and kubectl, the control planes' binaries (1.20 and the current release)
-# and the cluster add-ons (kwok, prometheus-adapter). On a fresh machine the Go builds take about half an hour
+# Where the chart and the tests find helm and kubectl, the control planes' binaries (1.20 and the current release),
+# the cluster add-ons (kwok, prometheus-adapter) and the gateway (Envoy Gateway, Envoy, Gateway API's CRDs). On a fresh machine the Go builds take about half an hour
 # once (README: "The local control plane").
 TOOLS_STAMP := $(CACHE)/.tools-ready
 
@@ -41,10 +41,11 @@ $(STAMP): $(DISTRIBUTIONS)
 tools: $(TOOLS_STAMP)
 
 $(TOOLS_STAMP): scripts/kube-binaries.sh scripts/kube-current.sh scripts/kube-addons.sh scripts/go-cache.sh \
-		scripts/helm-kubectl.sh scripts/tools-venv.sh scripts/prometheus.sh
+		scripts/helm-kubectl.sh scripts/tools-venv.sh scripts/prometheus.sh scripts/gateway.sh
 	bash scripts/kube-binaries.sh >/dev/null
 	bash scripts/kube-current.sh >/dev/null
 	bash scripts/kube-addons.sh >/dev/null
+	bash scripts/gateway.sh >/dev/null
 	bash scripts/helm-kubectl.sh >/dev/null
 	bash scripts/tools-venv.sh >/dev/null
 	bash scripts/prometheus.sh >/dev/null

@@ -3,6 +3,7 @@ prometheus-adapter, and the pods Prometheus is told to scrape. They run for real
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -76,3 +77,11 @@ def test_only_running_ready_pods_are_scraped_each_under_its_own_name() -> None:
     assert file_sd_groups(pods, "127.0.0.1:8002") == [
         {"targets": ["127.0.0.1:8002"], "labels": {"namespace": "models", "pod": "up"}}
     ]
+
+
+def test_pod_ips_are_on_loopback_unless_a_range_is_given() -> None:
+    """A client that follows a fake pod's IP (the operator's agreement check) reaches this machine only."""
+    given = dict(flags(kwok_command(BIN, Path("/state/kubeconfig"))))
+    assert ipaddress.ip_network(given["cidr"], strict=False).is_loopback
+    assert ipaddress.ip_address(given["node-ip"]).is_loopback
+    assert dict(flags(kwok_command(BIN, Path("k"), cidr="10.0.0.1/24")))["cidr"] == "10.0.0.1/24"

@@ -208,7 +208,7 @@ class Prometheus:
         intervals = (self.scrape_interval, self.evaluation_interval)
         settings = config(self.targets, self.job, rule_paths, *intervals, self.labels, self.file_sd)
         config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
-        self.port = free_ports(1)[0]
+        self.port = self.port or free_ports(1)[0]  # started again, it keeps its address
         argv = [
             str(binary),
             f"--config.file={config_path}",

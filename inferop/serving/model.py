@@ -7,7 +7,11 @@ Instance count, max batch size, queue policy, timeouts and warm-up are enforced 
 
 Fault injection for drills and tests: while the file named by INFEROP_FAULT_STALL_FILE exists, every
 execution blocks, as a hung model does (and FILE.held is created, so a test knows one is held); removing
-the file lets the blocked executions finish.
+the file lets the blocked executions finish. INFEROP_FAULT_SLOWDOWN=F (at least 1) makes every execution take F
+times as long, as a slower build of the same model would (the same answers, later). INFEROP_FAULT_FAIL_VALUE=V
+fails every execution whose inputs hold the value V somewhere, as a model that breaks on inputs it was never
+checked on: the whole batch fails, as an ONNX Runtime run does, and Triton counts each of its requests in
+nv_inference_request_failure (an error response the model returns itself would count as a success there).
 """
 
 import json
@@ -72,6 +76,9 @@ class TritonPythonModel:
         self.input_names = [spec["name"] for spec in config["input"]]
         self.output_names = [spec["name"] for spec in config["output"]]
         self.stall_file = os.environ.get("INFEROP_FAULT_STALL_FILE")
+        self.slowdown = max(float(os.environ.get("INFEROP_FAULT_SLOWDOWN", "1")), 1.0)
+        fail_value = os.environ.get("INFEROP_FAULT_FAIL_VALUE")
+        self.fail_value = None if fail_value is None else float(fail_value)
 
     def execute(self, requests):
         """One ONNX Runtime run for every request the dynamic batcher grouped, split back per request."""
@@ -85,7 +92,12 @@ class TritonPythonModel:
             arrays = [pb_utils.get_input_tensor_by_name(request, name).as_numpy() for request in requests]
             feeds[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
             sizes = [len(array) for array in arrays]
+        if self.fail_value is not None and any(np.any(array == self.fail_value) for array in feeds.values()):
+            raise pb_utils.TritonModelException(f"input holds {self.fail_value} (injected fault)")
+        began = time.perf_counter()
         outputs = self.session.run(self.output_names, feeds)
+        if self.slowdown > 1:
+            time.sleep((self.slowdown - 1) * (time.perf_counter() - began))
         offsets = np.cumsum([0, *sizes])
         responses = []
         for index, request in enumerate(requests):

@@ -100,6 +100,7 @@ class TritonServer:
 
     repo: Path
     http_port: int = 8000
+    host: str = "127.0.0.1"  # the address every port binds (a pod's IP where a drill plays a pod)
     grpc_port: int | None = None
     metrics_port: int | None = None
     extra_args: list[str] = field(default_factory=list)
@@ -114,22 +115,22 @@ class TritonServer:
 
     @property
     def url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
+        return f"{self.host}:{self.http_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def command(self, install: TritonInstall, local_repo: Path) -> list[str]:
         return [
             str(install.binary),
             f"--model-repository={local_repo}",
             f"--backend-directory={install.backends}",
-            "--http-address=127.0.0.1",
+            f"--http-address={self.host}",
             f"--http-port={self.http_port}",
-            "--grpc-address=127.0.0.1",
+            f"--grpc-address={self.host}",
             f"--grpc-port={self.grpc_port}",
-            "--metrics-address=127.0.0.1",
+            f"--metrics-address={self.host}",
             f"--metrics-port={self.metrics_port}",
             "--allow-gpu-metrics=false",
             "--pinned-memory-pool-byte-size=0",
@@ -147,8 +148,8 @@ class TritonServer:
             ("--grpc-port", self.grpc_port),
             ("--metrics-port", self.metrics_port),
         ):
-            if not port_is_free(port):
-                raise ServerError(f"{name} {port}: port is already in use on 127.0.0.1; choose another")
+            if not port_is_free(port, self.host):
+                raise ServerError(f"{name} {port}: port is already in use on {self.host}; choose another")
         install = TritonInstall.locate()
         self._workdir = Path(tempfile.mkdtemp(prefix="inferop-serve-"))
         local_repo = prepare_local_repo(self.repo.resolve(), self._workdir / "repo")

@@ -168,8 +168,9 @@ class RolloutStatus(Reported):
     """Where the rollout of a changed model or serving config stands."""
 
     phase: Phase | None = Field(default=None, description="Where the candidate is (see the README's rollout).")
-    reason: str = Field(default="", description="Why it is there, in one CamelCase word.")
-    message: str = Field(default="", description="The same for a person.")
+    # Unset rather than empty: Kubernetes 1.20's apiserver refuses an empty string in a status field as null.
+    reason: str | None = Field(default=None, description="Why it is there, in one CamelCase word.")
+    message: str | None = Field(default=None, description="The same for a person.")
     stable: str | None = Field(default=None, description="The revision that serves (its digest).")
     candidate: str | None = Field(default=None, description="The revision being rolled out, or last rolled out.")
     step: int | None = Field(default=None, description="Index of the current step in spec.rollout.steps.")

@@ -251,13 +251,13 @@ def deployed_status(
 
 def rollout_conditions(state: RolloutStatus | None) -> list[Condition]:
     """Rollout (where the candidate stands), Agreement and Analysis (their numbers), for a service with a rollout."""
-    if state is None or state.stable is None:
-        return []
+    if state is None or state.stable is None or (state.stable_spec is None and state.phase is None):
+        return []  # no spec.rollout: a change serves at once, there is nothing to say
     if state.phase is None:
         found = [condition("Rollout", True, "Stable", f"revision {state.stable} serves")]
     else:
         outcome = {"Succeeded": True, "RollingBack": False, "RolledBack": False}.get(state.phase)
-        found = [condition("Rollout", outcome, state.reason or state.phase, state.message)]
+        found = [condition("Rollout", outcome, state.reason or state.phase, state.message or state.phase)]
     if state.agreement is not None:
         passed = state.agreement.passed
         found.append(condition("Agreement", passed, "Agrees" if passed else "Disagrees", state.agreement.message))

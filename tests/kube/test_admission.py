@@ -36,6 +36,7 @@ REFUSED = [
         conv_net("tensors-with-mean", model={"processing": {"mean": [0.5, 0.5, 0.5], "std": [0.2, 0.2, 0.2]}}),
         id="processing",
     ),
+    pytest.param(conv_net("short-rollout", rollout={"steps": [5, 25]}), id="rollout"),
 ]
 
 

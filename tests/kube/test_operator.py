@@ -653,7 +653,10 @@ class TestNetworkPolicy:
         apply_text(kubectl, namespace, fenced)
         policy = wait_for(lambda: kubectl.get("networkpolicy", name, namespace), what="NetworkPolicy")
         deployment = wait_for(lambda: kubectl.get("deployment", name, namespace), what="Deployment")
-        assert policy["spec"]["podSelector"] == deployment["spec"]["selector"]
+        # every pod of the service: the Deployment's, and a rollout's candidate's
+        pods = deployment["spec"]["template"]["metadata"]["labels"]
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= pods.items()
+        assert "app.kubernetes.io/component" not in policy["spec"]["podSelector"]["matchLabels"]
         assert policy["spec"]["policyTypes"] == ["Ingress"]
         assert policy["spec"]["ingress"] == [
             {"ports": [{"protocol": "TCP", "port": 8000}, {"protocol": "TCP", "port": 8001}]},

@@ -101,17 +101,27 @@ class Daemon:
             self.process = None
 
 
-def kwok_command(bin_dir: Path, kubeconfig: Path) -> list[str]:
+# The pod IPs kwok hands out, on loopback: the apiserver takes them, EndpointSlices leave them out, and a client that
+# follows one (the operator's agreement check) reaches this machine only. A data plane whose Envoy must route to pods
+# (inferop_devtools.gateway) gives a range of its own, made local in a private network namespace.
+LOOPBACK_POD_CIDR = "127.0.100.1/24"
+
+
+def kwok_command(
+    bin_dir: Path, kubeconfig: Path, stages: Sequence[Path] | None = None, cidr: str = LOOPBACK_POD_CIDR
+) -> list[str]:
+    """kwok playing the kubelet of the fake nodes, with `stages` (default: scripts/kwok's KWOK_STAGES), pod IPs from
+    `cidr`."""
+    stage_files = stages if stages is not None else [KWOK_DIR / stage for stage in KWOK_STAGES]
     return [
         str(bin_dir / "kwok"),
         f"--kubeconfig={kubeconfig}",
         "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
         f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
-        # The Pod IPs kwok hands out; nothing routes to them.
-        "--cidr=10.0.0.1/24",
-        "--node-ip=10.0.0.1",
-        *[f"--config={KWOK_DIR / stage}" for stage in KWOK_STAGES],
+        f"--cidr={cidr}",
+        f"--node-ip={cidr.split('/')[0]}",
+        *[f"--config={stage}" for stage in stage_files],
     ]
 
 
@@ -126,10 +136,18 @@ def fake_node(name: str) -> dict[str, Any]:
 class Kwok:
     """kwok on the control plane behind `kubeconfig`, with fake nodes added by `add_node`."""
 
-    def __init__(self, kubeconfig: Path, workdir: Path, bin_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        workdir: Path,
+        bin_dir: Path | None = None,
+        stages: Sequence[Path] | None = None,
+        cidr: str = LOOPBACK_POD_CIDR,
+    ) -> None:
         from kubernetes import client, config
 
-        self.daemon = Daemon(kwok_command(bin_dir or addon_binaries(), kubeconfig), workdir / "kwok.log")
+        argv = kwok_command(bin_dir or addon_binaries(), kubeconfig, stages, cidr)
+        self.daemon = Daemon(argv, workdir / "kwok.log")
         self.api = config.new_client_from_config(config_file=str(kubeconfig))
         self.core = client.CoreV1Api(self.api)
 

@@ -21,6 +21,7 @@ from inferop_devtools.drills.badspecs import format_bad_specs, run_bad_specs
 from inferop_devtools.drills.fleet import format_fleet, run_fleet
 from inferop_devtools.drills.kills import format_operator_kills, run_operator_kills
 from inferop_devtools.drills.restart import format_apiserver_restart, run_apiserver_restart
+from inferop_devtools.drills.rollout import format_rollout, run_rollout_drill
 
 ROOT = repo_root()
 OUT = ROOT / "out" / "drills"
@@ -72,6 +73,7 @@ DRILLS: dict[str, tuple[Callable[[Path, bool], dict[str, Any]], Callable[[dict[s
         lambda root, quick: run_fleet(root, services=100, resync=10) if quick else run_fleet(root),
         format_fleet,
     ),
+    "rollout": (run_rollout_drill, format_rollout),
 }
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from inferop.paths import repo_root
-from inferop_devtools.cluster.controlplane import ControlPlane, free_ports, http_get
+from inferop_devtools.cluster.controlplane import KUBERNETES_1_20, ControlPlane, KubernetesRelease, free_ports, http_get
 from inferop_devtools.cluster.tools import kube_tools
 from inferop_operator.identity import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, VERSION
 
@@ -45,16 +45,16 @@ def service(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
 class DrillCluster:
     """A fresh control plane in `root` with the CRD established; `api` is a Kubernetes API client."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, release: KubernetesRelease = KUBERNETES_1_20):
         self.root = root
-        self.plane = ControlPlane(root / "cluster")
+        self.plane = ControlPlane(root / "cluster", release=release)
         self.tools = kube_tools()
         self.api: Any = None
 
     def __enter__(self) -> DrillCluster:
         from kubernetes import config
 
-        self.plane.up()
+        self.plane.up(timeout=120)
         try:
             self.env = {
                 **os.environ,
@@ -131,15 +131,18 @@ class OperatorProcess:
 
     Every start appends to one log, so tracebacks and restarts across the whole drill are counted."""
 
-    def __init__(self, cluster: DrillCluster, log: Path, resync_seconds: float = 60):
+    def __init__(
+        self, cluster: DrillCluster, log: Path, resync_seconds: float = 60, env: dict[str, str] | None = None
+    ) -> None:
         self.cluster, self.log_path, self.resync_seconds = cluster, log, resync_seconds
+        self.extra_env = dict(env or {})  # operator settings (INFEROP_*) beyond the resync
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.unexpected_exits: list[int] = []  # exit codes of runs that ended without being killed or stopped
 
     def start(self, timeout: float = 60) -> None:
         liveness = f"http://127.0.0.1:{free_ports(1)[0]}/healthz"
-        env = {**self.cluster.env, "INFEROP_RESYNC_SECONDS": str(self.resync_seconds)}
+        env = {**self.cluster.env, "INFEROP_RESYNC_SECONDS": str(self.resync_seconds), **self.extra_env}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "inferop.cli", "operator", "--all-namespaces", f"--liveness={liveness}"],
@@ -287,8 +290,10 @@ def percentile(values: list[float], share: float) -> float:
 
 
 @contextlib.contextmanager
-def operator_running(cluster: DrillCluster, log: Path, resync_seconds: float = 60) -> Iterator[OperatorProcess]:
-    operator = OperatorProcess(cluster, log, resync_seconds)
+def operator_running(
+    cluster: DrillCluster, log: Path, resync_seconds: float = 60, env: dict[str, str] | None = None
+) -> Iterator[OperatorProcess]:
+    operator = OperatorProcess(cluster, log, resync_seconds, env)
     operator.start()
     try:
         yield operator

@@ -1,0 +1,701 @@
+"""Rollouts through a real gateway (`make drills`, part rollout): the operator changes what serves while live
+traffic flows through Envoy, and the drill measures what callers got at every moment.
+
+    python -m inferop_devtools.drills.rollout [--quick] [--scenarios good,failing,...] [--json PATH]
+
+It moves itself into a private network namespace first (root): the control plane, kwok, Envoy Gateway, Envoy,
+the operator, Prometheus, one real tritonserver per Triton pod and the load all run there (gateway.plane), and
+nothing outside is touched. Candidates, each a change of a service serving a small policy/value net:
+
+    good      the same model file with a better serving config (no queue delay): promoted
+    slow      a build three times slower (model.py's INFEROP_FAULT_SLOWDOWN), same answers: rolled back
+    failing   a build that errors on boards holding 0.5 (INFEROP_FAULT_FAIL_VALUE), which the held-out boards
+              never hold and a tenth of live requests do: rolled back
+    wrong     other weights (another seed): fast, no errors, different answers: never gets a live request
+    shadow    20% of live requests mirrored while its weight is 0: what reaches it, what callers get from it
+    header    `x-inferop-candidate: 1` callers: where they go, and where the others go
+    second    a second rollout right after a promotion: no route left from the first
+    kill      the operator SIGKILLed at a step: it resumes at that step
+    blind     Prometheus stopped mid-rollout: the rollout pauses, and resumes when it is back
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferop_devtools.drills.traffic import Request, Sent, Traffic, board_request
+from inferop_devtools.gateway.plane import GATEWAY, MODELS, GatewayPlane, pod_cidr, wait_for
+from inferop_operator.identity import COMPONENT, COMPONENTS, INSTANCE
+
+log = logging.getLogger("rollout-drill")
+MODEL = "conv_net"
+NETWORK = {"rows": 8, "cols": 7, "depth": 10, "hidden": 128, "moves": 7}  # export's default network
+FAIL_VALUE = 0.5  # a cell value the failing build breaks on; held-out boards hold -1, 0 and 1 only
+FAILING_SHARE = 0.1  # of live requests carry it
+HEADER = {"name": "x-inferop-candidate", "value": "1"}
+TICK_SECONDS = 1.0  # the operator's rollout tick in the drill
+P99 = 0.99
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The drill's pace: full, or --quick (what `make test` runs)."""
+
+    steps: list[int]
+    step_seconds: int
+    interval_seconds: int
+    min_requests: int
+    rate: float
+    replicas: int = 2
+
+    @classmethod
+    def of(cls, quick: bool) -> Settings:
+        if quick:
+            return cls(steps=[50, 100], step_seconds=10, interval_seconds=5, min_requests=10, rate=30.0)
+        return cls(steps=[5, 25, 50, 100], step_seconds=30, interval_seconds=10, min_requests=20, rate=60.0)
+
+    def rollout(self, **changes: Any) -> dict[str, Any]:
+        analysis = {"intervalSeconds": self.interval_seconds, "minRequests": self.min_requests}
+        return {"steps": self.steps, "stepSeconds": self.step_seconds, "analysis": analysis, **changes}
+
+
+def cpuset(pod: dict[str, Any]) -> str | None:
+    """Each track on a CPU of its own, as a candidate's pods on nodes beside the stable ones: the last CPU for the
+    stable pods, the first for the candidate's (the control plane, Envoy and the load float over both)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    component = pod["metadata"]["labels"].get(COMPONENT)
+    return str(cpus[-1] if component == COMPONENTS["stable"] else cpus[0])
+
+
+def faults(config: str) -> dict[str, str]:
+    """A Triton pod's fault environment, from the weights its config records (parameter inferop_weights)."""
+    if "drill: slow" in config:
+        return {"INFEROP_FAULT_SLOWDOWN": "3"}
+    if "drill: fails" in config:
+        return {"INFEROP_FAULT_FAIL_VALUE": str(FAIL_VALUE)}
+    return {}
+
+
+@dataclass
+class Models:
+    """The network exported twice (two seeds) and the spec export wrote for it."""
+
+    stable: Path
+    other: Path
+    spec: dict[str, Any]
+
+
+def export_models(workdir: Path) -> Models:
+    from inferop_export.exporter import export_model
+    from inferop_export.networks.conv_net import conv_net
+    from inferop_operator.spec import parse_serving
+
+    serving = parse_serving({"batching": {"maxBatchSize": 8, "maxQueueDelayMicroseconds": 2000}})
+    report = export_model(conv_net(**NETWORK), workdir / "models", serving=serving, quiet=True)
+    export_model(conv_net(**NETWORK, seed=7), workdir / "models-other", serving=serving, quiet=True)
+    spec = report.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return Models(workdir / "models" / MODEL, workdir / "models-other" / MODEL, spec)
+
+
+def manifest(name: str, models: Models, settings: Settings, rollout: dict[str, Any]) -> dict[str, Any]:
+    spec = json.loads(json.dumps(models.spec))
+    spec["model"]["storageUri"] = f"hostpath://{models.stable}"
+    spec["model"]["weights"] = "random (seed 0)"
+    spec.update(
+        replicas=settings.replicas,
+        resources={"limits": {"cpu": "1", "memory": "1Gi"}},
+        threads={"intraOp": 1},
+        gateway={"name": GATEWAY, "hostnames": [host(name)]},
+        rollout=rollout,
+    )
+    return {"metadata": {"name": name, "namespace": MODELS}, "spec": spec}
+
+
+def host(name: str) -> str:
+    return f"{name}.inferop.test"
+
+
+# ------------------------------------------------------------------------------------------------ observing
+
+
+@dataclass
+class Observer:
+    """The service's rollout state and its pods' request counts, sampled on a thread: transitions with their
+    times, and every pod's last counts (a candidate's pods and their counters go when it ends)."""
+
+    plane: GatewayPlane
+    name: str
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    counts: dict[str, dict[str, float]] = field(default_factory=dict)
+    components: dict[str, str] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def state(self) -> dict[str, Any]:
+        return dict((self.plane.service(self.name).get("status") or {}).get("rollout") or {})
+
+    def sample(self) -> None:
+        rollout = self.state()
+        seen = {key: rollout.get(key) for key in ("phase", "reason", "step", "weight", "mirrorPercent", "header")}
+        seen["stepStartedAt"] = rollout.get("stepStartedAt")
+        if not self.transitions or {k: v for k, v in self.transitions[-1].items() if k != "at"} != seen:
+            self.transitions.append({"at": time.monotonic(), **seen})
+        for pod, found in self.plane.pods.counts(MODEL).items():
+            if self.plane.pods.pods.get(pod, {}).get("metadata", {}).get("labels", {}).get(INSTANCE) == self.name:
+                self.counts[pod] = found
+                self.components[pod] = self.plane.pods.component(pod)
+
+    def run(self) -> Observer:
+        def loop() -> None:
+            while not self._stop.wait(0.25):
+                try:
+                    self.sample()
+                except Exception as error:  # an apiserver blip: the next sample tries again
+                    log.debug("observer: %s", error)
+
+        threading.Thread(target=loop, name="observer", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        time.sleep(0.5)
+
+    def received(self, component: str) -> float:
+        """Requests the pods of one track answered or failed, over their lives."""
+        return sum(
+            counts["nv_inference_request_success"] + counts["nv_inference_request_failure"]
+            for pod, counts in self.counts.items()
+            if self.components.get(pod) == component
+        )
+
+    def when(self, check: Callable[[dict[str, Any]], bool]) -> float | None:
+        return next((t["at"] for t in self.transitions if check(t)), None)
+
+    def weight_changes(self) -> list[float]:
+        times, last = [], None
+        for t in self.transitions:
+            if t["weight"] != last and last is not None:
+                times.append(t["at"])
+            last = t["weight"]
+        return times
+
+    def final(self, timeout: float) -> dict[str, Any]:
+        return wait_for(
+            lambda: (s := self.state()).get("phase") in ("Succeeded", "RolledBack") and s,
+            f"the rollout of {self.name} to end",
+            timeout,
+            lambda: json.dumps(self.state(), indent=1)[:3000],
+        )
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(share * len(ordered)) - 1))] if ordered else float("nan")
+
+
+def callers(outcomes: list[Sent]) -> dict[str, Any]:
+    ok = [s.latency_s for s in outcomes if s.kind == "ok"]
+    failed = [s for s in outcomes if s.kind != "ok"]
+    return {
+        "sent": len(outcomes),
+        "failed": len(failed),
+        "failed_ratio": round(len(failed) / len(outcomes), 5) if outcomes else None,
+        "p99_ms": round(percentile(ok, P99) * 1e3, 1) if ok else None,
+        "first_failure": failed[0].message if failed else None,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ scenarios
+
+
+@dataclass
+class Drill:
+    plane: GatewayPlane
+    models: Models
+    settings: Settings
+    boards: dict[str, Request] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        rng = np.random.default_rng(1)
+        outputs = ["policy", "value"]
+        shape = (1, 1, NETWORK["rows"], NETWORK["cols"])
+        plain = rng.integers(-1, 2, size=shape).astype(np.float32)
+        marked = plain.copy()
+        marked[0, 0, 0, 0] = FAIL_VALUE
+        self.boards = {
+            "plain": board_request("plain", plain, outputs),
+            "marked": board_request("marked", marked, outputs),
+            "header": board_request("header", plain, outputs, {HEADER["name"]: HEADER["value"]}),
+        }
+
+    def live(self) -> Callable[[np.random.Generator], Request]:
+        """A tenth of the boards carry the value the failing build breaks on."""
+        return lambda rng: self.boards["marked"] if rng.random() < FAILING_SHARE else self.boards["plain"]
+
+    @contextmanager
+    def service(self, name: str, rollout: dict[str, Any]) -> Iterator[Observer]:
+        """The service serving the stable revision, Ready and reachable through the gateway; deleted after."""
+        self.plane.apply_service(manifest(name, self.models, self.settings, rollout))
+        try:
+            wait_for(
+                lambda: (self.plane.service(name).get("status") or {}).get("readyReplicas") == self.settings.replicas,
+                f"{name} Ready",
+                180,
+                self.plane.cluster.pods_and_warnings,
+            )
+            probe = Traffic(self.plane.envoy_address, host(name), MODEL, 1.0, lambda rng: self.boards["plain"])
+            wait_for(lambda: self._answers(probe), f"{name} answering through the gateway", 60)
+            observer = Observer(self.plane, name).run()
+            yield observer
+            observer.stop()
+        finally:
+            self.plane.delete_service(name)
+            wait_for(lambda: not self.pods_of(name), f"{name}'s pods gone", 60)
+
+    def pods_of(self, name: str) -> list[str]:
+        return [
+            pod
+            for pod, found in self.plane.pods.running_pods().items()
+            if found["metadata"]["labels"].get(INSTANCE) == name
+        ]
+
+    def _answers(self, probe: Traffic) -> bool:
+        probe.start()
+        time.sleep(1.5)
+        return any(s.kind == "ok" for s in probe.stop())
+
+    def traffic(self, name: str, pick: Callable[[np.random.Generator], Request] | None = None) -> Traffic:
+        return Traffic(self.plane.envoy_address, host(name), MODEL, self.settings.rate, pick or self.live()).start()
+
+    def change(self, name: str, spec: dict[str, Any]) -> float:
+        self.plane.patch_service(name, spec)
+        return time.monotonic()
+
+    def timeout(self) -> float:
+        return 120 + len(self.settings.steps) * (self.settings.step_seconds + 3 * self.settings.interval_seconds)
+
+    # -- one per candidate
+
+    def roll(self, name: str, change: dict[str, Any], rollout: dict[str, Any] | None = None) -> Run:
+        """The service up, live traffic, then `change` of its spec, until the rollout ends."""
+        with self.service(name, rollout or self.settings.rollout()) as observer:
+            traffic = self.traffic(name)
+            time.sleep(3)
+            changed = self.change(name, change)
+            final = observer.final(self.timeout())
+            outcomes = traffic.stop()
+        return Run(observer, [s for s in outcomes if s.at >= changed], changed, final)
+
+    def model_with(self, **changes: Any) -> dict[str, Any]:
+        model = {**self.models.spec["model"], "storageUri": f"hostpath://{self.models.stable}"}
+        return {"model": {**model, "weights": "random (seed 0)", **changes}}
+
+    def good(self) -> dict[str, Any]:
+        run = self.roll("good", {"batching": {"maxQueueDelayMicroseconds": 0}})
+        at_changes = run.failed_near(run.observer.weight_changes())
+        return run.report(
+            failed_at_weight_changes=len(at_changes),
+            goals=goals(
+                ("promoted to 100% automatically", run.final["phase"] == "Succeeded"),
+                ("at most 0.1% of requests fail over the whole rollout", (run.callers["failed_ratio"] or 0) <= 0.001),
+                ("none fails at a weight change", not at_changes),
+            ),
+        )
+
+    def slow(self) -> dict[str, Any]:
+        run = self.roll("slow", self.model_with(weights="random (seed 0), drill: slow build"))
+        took = run.exposed_to_rollback()
+        limit = self.settings.interval_seconds + 2 * TICK_SECONDS
+        return run.report(
+            seconds_from_exposing_step_to_rollback=took,
+            goals=goals(
+                ("rolled back by its analysis", run.rolled_back_by("AnalysisFailed")),
+                (
+                    f"within one analysis interval of the step exposing it (+2 ticks: {limit:g} s)",
+                    took is not None and took <= limit,
+                ),
+            ),
+        )
+
+    def failing(self) -> dict[str, Any]:
+        run = self.roll("failing", self.model_with(weights="random (seed 0), drill: fails on 0.5"))
+        failed = run.callers["failed"]
+        weight = max((t["weight"] or 0 for t in run.observer.transitions), default=0)
+        bound = 2 * weight / 100 * self.settings.interval_seconds * self.settings.rate
+        return run.report(
+            failed_bound=round(bound, 1),
+            goals=goals(
+                ("rolled back by its analysis", run.rolled_back_by("AnalysisFailed")),
+                (f"failed requests at most weight x interval x rate, plus one interval ({bound:.0f})", failed <= bound),
+            ),
+        )
+
+    def wrong(self) -> dict[str, Any]:
+        other = {
+            **self.models.spec["model"],
+            "storageUri": f"hostpath://{self.models.other}",
+            "weights": "random (seed 7)",
+        }
+        run = self.roll("wrong", {"model": other})
+        agreement = math.ceil(64 / self.models.spec["batching"]["maxBatchSize"])  # the check's requests
+        live = run.observer.received("canary") - agreement
+        return run.report(
+            candidate_live_requests=live,
+            goals=goals(
+                ("refused by the agreement check", run.rolled_back_by("Disagrees")),
+                ("never receives a live request", live == 0),
+                ("no caller fails", run.callers["failed"] == 0),
+            ),
+        )
+
+    @contextmanager
+    def held(
+        self, name: str, rollout: dict[str, Any], change: dict[str, Any], before: Callable[[], None] = lambda: None
+    ) -> Iterator[Observer]:
+        """The service (`before` runs once it serves), then changed, its candidate held at its first step
+        (spec.rollout.paused) with that step's traffic in effect; aborted afterwards."""
+        with self.service(name, {**rollout, "paused": True}) as observer:
+            before()
+            self.change(name, change)
+            wait_for(
+                lambda: (s := observer.state()).get("stepStartedAt") and s.get("step") == 0,
+                f"{name}'s first step in effect",
+                120,
+                lambda: json.dumps(observer.state())[:2000],
+            )
+            yield observer
+            self.plane.patch_service(name, {"rollout": {"abort": observer.state()["candidate"]}})
+            observer.final(60)
+
+    def burst(self, name: str, pick: Callable[[np.random.Generator], Request], seconds: float) -> list[Sent]:
+        """Traffic for `seconds`, then until every answer is in."""
+        traffic = self.traffic(name, pick)
+        time.sleep(seconds)
+        outcomes = traffic.stop()
+        time.sleep(2)  # the last mirrored copies reach the candidate, the last scrape needs none: counts are read
+        return outcomes
+
+    def shadow(self) -> dict[str, Any]:
+        name, seconds = "shadow", 30.0
+        plain = self.boards["plain"]
+        rollout = self.settings.rollout(steps=[0, 100], shadow={"percent": 20})
+        measured: dict[str, Any] = {}
+
+        def without_shadow() -> None:
+            measured["baseline"] = callers(self.burst(name, lambda rng: plain, seconds))
+
+        with self.held(name, rollout, {"batching": {"maxQueueDelayMicroseconds": 0}}, without_shadow) as observer:
+            baseline = measured["baseline"]
+            observer.sample()
+            before = (observer.received("predictor"), observer.received("canary"))
+            outcomes = self.burst(name, lambda rng: plain, seconds)
+            observer.sample()
+            stable = observer.received("predictor") - before[0]
+            mirrored = observer.received("canary") - before[1]
+        sent, shadowed = len(outcomes), callers(outcomes)
+        share = mirrored / sent if sent else 0.0
+        p99_ratio = shadowed["p99_ms"] / baseline["p99_ms"] if baseline["p99_ms"] and shadowed["p99_ms"] else None
+        return {
+            "sent": sent, "mirrored_to_candidate": mirrored, "share": round(share, 4), "answered_by_stable": stable,
+            "callers": shadowed, "callers_without_shadow": baseline,
+            "stable_p99_ratio": None if p99_ratio is None else round(p99_ratio, 3),
+            "goals": goals(
+                ("the candidate receives 20% +- 3% of live requests", 0.17 <= share <= 0.23),
+                ("callers get no answer from it (every request answered by the stable pods)", stable == sent),
+                ("no caller fails", shadowed["failed"] == 0),
+                ("stable p99 within 10% of no shadow", p99_ratio is not None and p99_ratio <= 1.10),
+            ),
+        }  # fmt: skip
+
+    def header(self) -> dict[str, Any]:
+        name = "header"
+        rollout = self.settings.rollout(steps=[0, 100], header=HEADER)
+        with self.held(name, rollout, {"batching": {"maxQueueDelayMicroseconds": 0}}) as observer:
+            observer.sample()
+            before = (observer.received("predictor"), observer.received("canary"))
+            pick = lambda rng: self.boards["header"] if rng.random() < 0.5 else self.boards["plain"]  # noqa: E731
+            outcomes = self.burst(name, pick, 15.0)
+            observer.sample()
+            stable = observer.received("predictor") - before[0]
+            candidate = observer.received("canary") - before[1]
+        with_header = sum(1 for s in outcomes if s.request == "header")
+        without = len(outcomes) - with_header
+        return {
+            "with_header": with_header, "without_header": without, "candidate_received": candidate,
+            "stable_received": stable, "callers": callers(outcomes),
+            "goals": goals(
+                ("100% of requests with the header reach the candidate", candidate == with_header),
+                ("0% of requests without it do", stable == without),
+            ),
+        }  # fmt: skip
+
+    def second(self) -> dict[str, Any]:
+        """Two rollouts back to back; the second starts from nothing, and neither leaves a route behind."""
+        name = "second"
+        with self.service(name, self.settings.rollout()) as observer:
+            traffic = self.traffic(name)
+            time.sleep(3)
+            self.change(name, {"batching": {"maxQueueDelayMicroseconds": 0}})
+            first = observer.final(self.timeout())
+            changed = self.change(name, {"batching": {"maxQueueDelayMicroseconds": 1000}})
+            wait_for(lambda: observer.state().get("phase") not in ("Succeeded",), "the second rollout to start", 30)
+            second = observer.final(self.timeout())
+            outcomes = traffic.stop()
+            route = self.plane.route(name) or {}
+        later = [t for t in observer.transitions if t["at"] >= changed]
+        weights = [t["weight"] for t in later if t["phase"] in ("Agreement", "Progressing")]
+        rules = route.get("spec", {}).get("rules", [])
+        backends = [(b["name"], b.get("weight")) for rule in rules for b in rule.get("backendRefs", [])]
+        matched = [m for rule in rules for m in rule.get("matches", []) if m.get("headers")]
+        clean = backends == [(name, 100)] and not matched and not any(rule.get("filters") for rule in rules)
+        leftovers = [p for p in self.pods_of(name) if "canary" in p]
+        return {
+            "first": first.get("phase"), "second": second.get("phase"), "weights_of_the_second": weights,
+            "route_rules_after": rules, "callers": callers([s for s in outcomes if s.at >= changed]),
+            "goals": goals(
+                ("both promoted", first.get("phase") == second.get("phase") == "Succeeded"),
+                ("the second starts from 0%, not from the first's 100%", bool(weights) and weights[0] == 0),
+                ("no stale route: one backend, the stable Service, at 100; no match, no mirror", clean),
+                ("no candidate pod left", not leftovers),
+            ),
+        }  # fmt: skip
+
+    def kill(self) -> dict[str, Any]:
+        """The operator SIGKILLed with the candidate at a step past the first: it resumes at that step."""
+        name = "kill"
+        step = len(self.settings.steps) - 2  # the step before the last (100%): traffic is split
+        with self.service(name, self.settings.rollout()) as observer:
+            traffic = self.traffic(name)
+            time.sleep(3)
+            changed = self.change(name, {"batching": {"maxQueueDelayMicroseconds": 0}})
+            wait_for(
+                lambda: (s := observer.state()).get("step") == step and s.get("stepStartedAt"),
+                f"step {step + 1} in effect",
+                self.timeout(),
+            )
+            before = observer.state()
+            route_before = (self.plane.route(name) or {}).get("spec")
+            self.plane.operator.kill()
+            killed = time.monotonic()
+            time.sleep(3)
+            self.plane.operator.start()
+            time.sleep(2 * TICK_SECONDS)
+            after = observer.state()
+            route_after = (self.plane.route(name) or {}).get("spec")
+            final = observer.final(self.timeout())
+            outcomes = traffic.stop()
+        resumed = [t for t in observer.transitions if t["at"] >= killed]
+        restarted = any(
+            t["phase"] == "Agreement" or (t["weight"] or 0) < (before["weight"] or 0)
+            for t in resumed
+            if t["phase"] not in ("Finishing", "Succeeded")
+        )
+        resumed_there = (after.get("step"), after.get("weight")) == (before.get("step"), before.get("weight"))
+        return {
+            "killed_at": {"step": before.get("step"), "weight": before.get("weight")},
+            "after_restart": {"step": after.get("step"), "weight": after.get("weight"), "phase": after.get("phase")},
+            "final": final.get("phase"), "callers": callers([s for s in outcomes if s.at >= changed]),
+            "transitions": relative(observer.transitions, changed),
+            "goals": goals(
+                ("resumes at the step it was killed at (no jump to 0% or 100%)", resumed_there and not restarted),
+                ("the route keeps its weights across the restart", route_before == route_after),
+                ("then promoted", final.get("phase") == "Succeeded"),
+            ),
+        }  # fmt: skip
+
+    def blind(self) -> dict[str, Any]:
+        """Prometheus stopped mid-rollout: the rollout pauses and holds its traffic; back, it goes on."""
+        name = "blind"
+        limit = self.settings.interval_seconds + 2 * TICK_SECONDS
+        with self.service(name, self.settings.rollout()) as observer:
+            traffic = self.traffic(name)
+            time.sleep(3)
+            changed = self.change(name, {"batching": {"maxQueueDelayMicroseconds": 0}})
+            wait_for(lambda: observer.state().get("stepStartedAt"), "the first step in effect", self.timeout())
+            weight = observer.state().get("weight")
+            self.plane.prometheus.stop()
+            stopped = time.monotonic()
+            paused = wait_for(
+                lambda: (s := observer.state()).get("reason") == "PrometheusUnreachable" and s,
+                "the rollout to pause",
+                limit + 20,
+            )
+            pause_seconds = time.monotonic() - stopped
+            time.sleep(2 * self.settings.step_seconds)  # longer than a step: it must not move on blind
+            held = observer.state()
+            self.plane.prometheus.start()
+            final = observer.final(self.timeout())
+            outcomes = traffic.stop()
+        return {
+            "paused_after_seconds": round(pause_seconds, 1), "paused": paused.get("phase"),
+            "weight_while_blind": held.get("weight"), "final": final.get("phase"),
+            "callers": callers([s for s in outcomes if s.at >= changed]),
+            "transitions": relative(observer.transitions, changed),
+            "goals": goals(
+                (f"pauses within an interval of Prometheus stopping (+2 ticks: {limit:g} s)", pause_seconds <= limit),
+                ("holds its weight while blind, for two steps", (held["phase"], held["weight"]) == ("Paused", weight)),
+                ("goes on once Prometheus is back, and is promoted", final.get("phase") == "Succeeded"),
+            ),
+        }  # fmt: skip
+
+
+@dataclass
+class Run:
+    """One rollout under live traffic: what the observer saw and what callers got from the change on."""
+
+    observer: Observer
+    outcomes: list[Sent]
+    changed: float
+    final: dict[str, Any]
+
+    @property
+    def callers(self) -> dict[str, Any]:
+        return callers(self.outcomes)
+
+    def failed_near(self, moments: list[float], seconds: float = 2.0) -> list[Sent]:
+        return [s for s in self.outcomes if s.kind != "ok" and any(abs(s.at - t) <= seconds for t in moments)]
+
+    def rolled_back_by(self, reason: str) -> bool:
+        return self.final.get("phase") == "RolledBack" and self.final.get("reason") == reason
+
+    def exposed_to_rollback(self) -> float | None:
+        """Seconds from the step whose traffic was in effect when it failed to the rollback."""
+        transitions = self.observer.transitions
+        back = next((i for i, t in enumerate(transitions) if t["phase"] == "RollingBack"), None)
+        if back is None:
+            return None
+        started = [t for t in transitions[:back] if t["stepStartedAt"] is not None]
+        return round(transitions[back]["at"] - started[-1]["at"], 1) if started else None
+
+    def report(self, goals: list[dict[str, Any]], **figures: Any) -> dict[str, Any]:
+        return {
+            "final": self.final.get("phase"),
+            "reason": self.final.get("reason"),
+            "message": self.final.get("message"),
+            "callers": self.callers,
+            **figures,
+            "transitions": relative(self.observer.transitions, self.changed),
+            "goals": goals,
+        }
+
+
+def relative(transitions: list[dict[str, Any]], since: float) -> list[dict[str, Any]]:
+    return [{**t, "at": round(t["at"] - since, 1)} for t in transitions]
+
+
+def goals(*checks: tuple[str, bool]) -> list[dict[str, Any]]:
+    return [{"text": text, "met": bool(met)} for text, met in checks]
+
+
+SCENARIOS: dict[str, Callable[[Drill], dict[str, Any]]] = {
+    "good": Drill.good,
+    "slow": Drill.slow,
+    "failing": Drill.failing,
+    "wrong": Drill.wrong,
+    "shadow": Drill.shadow,
+    "header": Drill.header,
+    "second": Drill.second,
+    "kill": Drill.kill,
+    "blind": Drill.blind,
+}
+
+
+def run(workdir: Path, quick: bool, chosen: list[str]) -> dict[str, Any]:
+    settings = Settings.of(quick)
+    models = export_models(workdir)
+    env = {"INFEROP_ROLLOUT_TICK_SECONDS": str(TICK_SECONDS)}
+    results: dict[str, Any] = {"settings": settings.__dict__, "scenarios": {}}
+    with GatewayPlane(workdir / "plane", env, faults, cpuset) as plane:
+        drill = Drill(plane, models, settings)
+        for name in chosen:
+            log.info("scenario %s", name)
+            started = time.monotonic()
+            results["scenarios"][name] = {**SCENARIOS[name](drill), "seconds": round(time.monotonic() - started, 1)}
+            log.info("scenario %s: %s", name, results["scenarios"][name]["goals"])
+        results["operator_tracebacks"] = plane.operator.tracebacks()
+    results["met"] = all(g["met"] for s in results["scenarios"].values() for g in s["goals"])
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    from inferop_devtools.gateway.namespaces import enter_private_network
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="two steps of 10 s (make test's size)")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, of {', '.join(SCENARIOS)}")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
+    parser.add_argument("--workdir", type=Path, default=None, help="kept afterwards (default: a temporary one)")
+    args = parser.parse_args(argv)
+    chosen = [name.strip() for name in args.scenarios.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(SCENARIOS))
+    if unknown:
+        print(f"error: --scenarios {unknown}: not one of {', '.join(SCENARIOS)}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    enter_private_network([pod_cidr()])  # first, before any thread: everything below lives in it
+    with tempfile.TemporaryDirectory(prefix="inferop-rollout-") as temporary:
+        workdir = args.workdir or Path(temporary)
+        workdir.mkdir(parents=True, exist_ok=True)
+        results = run(workdir, args.quick, chosen)
+    text = json.dumps(results, indent=2, default=str)
+    if args.json:
+        args.json.write_text(text)
+    print(text)
+    return 0 if results["met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def run_rollout_drill(root: Path, quick: bool) -> dict[str, Any]:
+    """The drill as its own process (it enters a network namespace of its own, which this process must not)."""
+    import subprocess
+
+    figures = root / "rollout.json"
+    argv = [sys.executable, "-m", __name__, f"--json={figures}", f"--workdir={root / 'work'}"]
+    result = subprocess.run([*argv, *(["--quick"] if quick else [])], check=False, stdout=subprocess.DEVNULL)
+    if not figures.exists():
+        raise RuntimeError(f"the rollout drill wrote no figures (exit {result.returncode}); its log is on stderr")
+    found: dict[str, Any] = json.loads(figures.read_text())
+    return found
+
+
+def format_rollout(result: dict[str, Any]) -> str:
+    lines = [
+        "### Rollouts through a real gateway",
+        "",
+        f"Envoy Gateway 1.9.1 and Envoy 1.39.1 in front of real tritonservers, open-loop Poisson traffic at "
+        f"{result['settings']['rate']:g} requests/s; steps {result['settings']['steps']} of "
+        f"{result['settings']['step_seconds']} s, analysed every {result['settings']['interval_seconds']} s.",
+        "",
+        "| candidate | outcome | callers | figures | goals |",
+        "|---|---|---|---|---|",
+    ]
+    skip = {"goals", "transitions", "callers", "final", "reason", "message", "seconds", "callers_without_shadow"}
+    for name, scenario in result["scenarios"].items():
+        outcome = " ".join(str(scenario[key]) for key in ("final", "reason") if scenario.get(key))
+        callers_seen = scenario.get("callers") or {}
+        seen = (
+            f"{callers_seen.get('sent')} sent, {callers_seen.get('failed')} failed, p99 {callers_seen.get('p99_ms')} ms"
+        )
+        figures = "; ".join(f"{key} {value}" for key, value in scenario.items() if key not in skip)
+        met = "<br>".join(f"{'met' if g['met'] else 'NOT MET'}: {g['text']}" for g in scenario["goals"])
+        lines.append(f"| {name} | {outcome} | {seen} | {figures} | {met} |")
+    return "\n".join(lines)
