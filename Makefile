@@ -18,7 +18,7 @@ help:
 	@echo "make check     ruff, mypy, import contracts, and drift of generated files (CRD schema, chart CRD)"
 	@echo "make bench     speed and memory figures, as ratios measured in one run"
 	@echo "make field     the four field failures under a pod's limits, naive against inferop (out/field/report.md)"
-	@echo "make drills    bad specs, operator kills, control-plane restarts, hostile requests, 1,000 services (out/drills/report.md)"
+	@echo "make drills    bad specs, operator kills, control-plane restarts, hostile requests, 1,000 services, rollouts through a real gateway (out/drills/report.md)"
 	@echo "make e2e-kind  end to end on a kind cluster (needs Docker and kind)"
 
 install: $(STAMP)

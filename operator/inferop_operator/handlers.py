@@ -65,8 +65,9 @@ SETTINGS = OperatorSettings()
 log = logging.getLogger(__name__)
 # Seconds before a reconcile that could not reach the API server is tried again.
 UNREACHABLE_RETRY = 2.0
-# Seconds before a service whose Gateway does not exist is tried again (someone may create it).
-GATEWAY_RETRY = 30.0
+# Seconds before a service whose Gateway does not exist is tried again (someone may create it), doubled on each
+# retry up to GATEWAY_RETRY_MAX.
+GATEWAY_RETRY, GATEWAY_RETRY_MAX = 5.0, 60.0
 ROUTE_API = f"{GATEWAY_GROUP}/v1"
 _memo_guard = threading.Lock()  # creates each object's lock once
 P = ParamSpec("P")
@@ -213,7 +214,7 @@ def _reconcile(
         if not same_condition("ChildrenApplied", previous, new_status):
             kopf.warn(body, reason="GatewayNotFound", message=str(missing))
         patch_status(namespace, name, current, new_status)
-        raise kopf.TemporaryError(str(missing), delay=GATEWAY_RETRY) from None
+        raise kopf.TemporaryError(str(missing), delay=min(GATEWAY_RETRY * 2 ** min(retry, 8), GATEWAY_RETRY_MAX)) from None
 
     now = time.time()
     known = latest_rollout(memo, previous)

@@ -199,6 +199,21 @@ def operator(kubectl: Kubectl, control_plane: ControlPlane) -> Iterator[Operator
     runner.stop()
 
 
+GATEWAY_API = "gateway.networking.k8s.io"
+
+
+@pytest.fixture(scope="session")
+def gateway_api(kubectl: Kubectl, kubernetes: KubernetesRelease) -> None:
+    """Gateway API's standard CRDs on the current release (scripts/gateway.sh provides them); 1.20 has none, and
+    Gateway API 1.6 needs 1.29 or newer (its CEL rules): there a rollout splits by replicas."""
+    if not runs_pods(kubernetes):
+        pytest.skip("Gateway API 1.6 needs Kubernetes 1.29 or newer; on 1.20 a rollout splits by replicas")
+    from inferop_devtools.gateway.envoygateway import crd_dirs, gateway_binaries
+
+    kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(crd_dirs(gateway_binaries())[0]))
+    kubectl.run("wait", "--for=condition=Established", "--timeout=60s", f"crd/httproutes.{GATEWAY_API}")
+
+
 @pytest.fixture()
 def namespace(kubectl: Kubectl) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:8]}"

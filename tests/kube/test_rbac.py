@@ -33,6 +33,7 @@ from tests.kube.conftest import (
     CONV_NET_THREADS,
     DISRUPTION_BUDGET,
     EXAMPLES,
+    GATEWAY_API,
     Kubectl,
     OperatorRunner,
     wait_for,
@@ -348,9 +349,15 @@ class TestNamespaced:
             ("list", "pods", "other", False),
             ("create", "networkpolicies.networking.k8s.io", "watched", True),
             ("delete", "networkpolicies.networking.k8s.io", "watched", True),
-            ("delete", "deployments.apps", "watched", False),
+            ("delete", "deployments.apps", "watched", True),  # a rollout's candidate, once it is over
             ("update", "deployments.apps", "watched", False),
-            ("delete", "configmaps", "watched", False),
+            ("delete", "configmaps", "watched", True),
+            ("create", "httproutes.gateway.networking.k8s.io", "watched", True),
+            ("patch", "httproutes.gateway.networking.k8s.io", "watched", True),
+            ("delete", "httproutes.gateway.networking.k8s.io", "watched", True),
+            ("get", "gateways.gateway.networking.k8s.io", "watched", True),
+            ("patch", "gateways.gateway.networking.k8s.io", "watched", False),
+            ("create", "httproutes.gateway.networking.k8s.io", "other", False),
             ("delete", CRD_NAME, "watched", False),
             ("get", CRD_NAME, "watched", False),  # owners come from kopf's index
             ("patch", "deployments.apps", "other", False),
@@ -363,8 +370,17 @@ class TestNamespaced:
         ],
     )
     def test_can_i(
-        self, kubectl: Kubectl, installed: Installed, verb: str, resource: str, where: str | None, allowed: bool
+        self,
+        kubectl: Kubectl,
+        installed: Installed,
+        verb: str,
+        resource: str,
+        where: str | None,
+        allowed: bool,
+        request: pytest.FixtureRequest,
     ) -> None:
+        if resource.endswith(GATEWAY_API):  # kubectl resolves a resource through discovery: its CRDs must be there
+            request.getfixturevalue("gateway_api")
         namespace = getattr(installed, where) if where else None
         assert can_i(kubectl, installed, verb, resource, namespace) is allowed
 
@@ -374,9 +390,11 @@ class TestNamespaced:
         assert granted(kubectl, installed, installed.watched) == {
             CRD_NAME: {"list", "watch", "patch"},
             f"{CRD_NAME}/status": {"patch"},
-            "deployments.apps": {"list", "watch", "create", "patch"},
-            "configmaps": {"create", "patch"},
-            "services": {"create", "patch"},
+            "deployments.apps": {"list", "watch", "create", "patch", "delete"},
+            "configmaps": {"create", "patch", "delete"},
+            "services": {"create", "patch", "delete"},
+            "httproutes.gateway.networking.k8s.io": {"create", "patch", "delete"},
+            "gateways.gateway.networking.k8s.io": {"get"},
             "horizontalpodautoscalers.autoscaling": {"create", "patch", "delete"},
             "poddisruptionbudgets.policy": {"create", "patch", "delete"},
             "networkpolicies.networking.k8s.io": {"create", "patch", "delete"},
@@ -424,8 +442,8 @@ class TestClusterWide:
             ("get", "pods", False),
             ("delete", "pods", False),
             ("patch", "pods", False),
-            ("delete", "deployments.apps", False),
-            ("delete", "services", False),
+            ("delete", "deployments.apps", True),
+            ("delete", "services", True),  # a rollout's candidate, once it is over
             ("list", "namespaces", False),  # kopf lists namespaces only for --namespace patterns
             ("get", "customresourcedefinitions.apiextensions.k8s.io", False),
             ("create", "clusterroles.rbac.authorization.k8s.io", False),

@@ -15,11 +15,10 @@ import pytest
 import yaml
 
 from inferop_devtools.cluster.controlplane import KubernetesRelease
-from tests.kube.conftest import Kubectl, apply_text, condition, manifest, runs_pods, wait_for
+from tests.kube.conftest import GATEWAY_API, Kubectl, apply_text, condition, manifest, runs_pods, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("operator")]
 ROLLOUT = {"steps": [50, 100], "stepSeconds": 5}
-GATEWAY_API = "gateway.networking.k8s.io"
 
 
 def rollout_of(kubectl: Kubectl, name: str, namespace: str) -> dict[str, Any]:
@@ -105,17 +104,6 @@ def test_header_matches_and_mirroring_need_a_gateway(kubectl: Kubectl, namespace
     assert kubectl.get("deployment", name, namespace) is None  # nothing deployed for a spec that cannot run
 
 
-@pytest.fixture(scope="module")
-def gateway_api(kubectl: Kubectl, kubernetes: KubernetesRelease) -> None:
-    """Gateway API's standard CRDs on the release that runs pods (scripts/gateway.sh provides them)."""
-    if not runs_pods(kubernetes):
-        pytest.skip("Gateway API 1.6 needs Kubernetes 1.29 or newer (CEL); 1.20 rolls out by replicas")
-    from inferop_devtools.gateway.envoygateway import crd_dirs, gateway_binaries
-
-    kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(crd_dirs(gateway_binaries())[0]))
-    kubectl.run("wait", "--for=condition=Established", "--timeout=60s", f"crd/httproutes.{GATEWAY_API}")
-
-
 @pytest.mark.usefixtures("gateway_api")
 def test_the_route_attaches_to_the_gateway_named_and_its_schema_admits_it(kubectl: Kubectl, namespace: str) -> None:
     name = "routed"
@@ -139,7 +127,8 @@ def test_the_route_attaches_to_the_gateway_named_and_its_schema_admits_it(kubect
     }
     apply_text(kubectl, namespace, yaml.safe_dump(gateway_object))
     patch(kubectl, name, namespace, {"gateway": {**gateway, "name": "public"}})
-    route = wait_for(lambda: kubectl.get(f"httproutes.{GATEWAY_API}", name, namespace), what="the HTTPRoute")
+    # Retried 5, 10, 20 s after the Gateway was found missing: the route follows within that.
+    route = wait_for(lambda: kubectl.get(f"httproutes.{GATEWAY_API}", name, namespace), what="the route", timeout=60)
     assert route["spec"]["parentRefs"][0]["name"] == "public"
     assert route["spec"]["parentRefs"][0]["namespace"] == namespace
     assert route["spec"]["hostnames"] == ["routed.example.com"]
