@@ -214,7 +214,8 @@ def _reconcile(
         if not same_condition("ChildrenApplied", previous, new_status):
             kopf.warn(body, reason="GatewayNotFound", message=str(missing))
         patch_status(namespace, name, current, new_status)
-        raise kopf.TemporaryError(str(missing), delay=min(GATEWAY_RETRY * 2 ** min(retry, 8), GATEWAY_RETRY_MAX)) from None
+        delay = min(GATEWAY_RETRY * 2 ** min(retry, 8), GATEWAY_RETRY_MAX)
+        raise kopf.TemporaryError(str(missing), delay=delay) from None
 
     now = time.time()
     known = latest_rollout(memo, previous)
