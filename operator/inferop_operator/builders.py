@@ -579,6 +579,22 @@ class Child:
         return frozenset({"create", "patch", *(["delete"] if self.when is not None else [])})
 
 
+def candidate_child(
+    kind: str, group: str, plural: str, suffix: str, build: Callable[[Service], dict[str, Any]]
+) -> Child:
+    """A child of a rollout's candidate (<service>-canary<suffix>), built from the candidate track."""
+    return Child(
+        kind,
+        group,
+        plural,
+        ("v1",),
+        lambda service: candidate_name(service, suffix),
+        lambda service, _: build(candidate_of(service)),
+        when=lambda service: service.candidate is not None,
+        removal=("CandidateRemoved", "the rollout is over"),
+    )
+
+
 # In the order they are applied. The Deployment comes last: a child the API server refuses leaves the running
 # pods as they were (no rollout to a config whose Service or HPA is missing), and the Deployment's watch
 # quiet. An unwanted child (the HPA once spec.autoscaling is unset) is deleted.
@@ -617,36 +633,9 @@ CHILDREN = (
     ),
     Child("Deployment", "apps", "deployments", ("v1",), lambda s: s.name, lambda s, _: build_deployment(s)),
     # The candidate during a rollout, built from the new spec: deleted once it is promoted or rolled back.
-    Child(
-        "ConfigMap",
-        "",
-        "configmaps",
-        ("v1",),
-        lambda s: candidate_name(s, "-config"),
-        lambda s, _: build_config_map(candidate_of(s)),
-        when=lambda s: s.candidate is not None,
-        removal=("CandidateRemoved", "the rollout is over"),
-    ),
-    Child(
-        "Service",
-        "",
-        "services",
-        ("v1",),
-        candidate_name,
-        lambda s, _: build_service(candidate_of(s)),
-        when=lambda s: s.candidate is not None,
-        removal=("CandidateRemoved", "the rollout is over"),
-    ),
-    Child(
-        "Deployment",
-        "apps",
-        "deployments",
-        ("v1",),
-        candidate_name,
-        lambda s, _: build_deployment(candidate_of(s)),
-        when=lambda s: s.candidate is not None,
-        removal=("CandidateRemoved", "the rollout is over"),
-    ),
+    candidate_child("ConfigMap", "", "configmaps", "-config", build_config_map),
+    candidate_child("Service", "", "services", "", build_service),
+    candidate_child("Deployment", "apps", "deployments", "", build_deployment),
     Child(
         "HTTPRoute",
         GATEWAY_GROUP,

