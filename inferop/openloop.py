@@ -108,6 +108,8 @@ class OpenLoopResult:
     timeline: list[dict[str, Any]]  # per second of the run and its drain
     memory: list[tuple[float, int]]  # (seconds from the start, bytes) from the memory probe
     first_errors: dict[str, str]  # kind -> first message of that kind
+    started_at: float = 0.0  # time.monotonic() of arrival 0, to line outcomes up with other events
+    outcomes: tuple[Outcome, ...] = ()  # every request, in order of arrival (not in as_dict: a drill picks)
 
     def warnings(self) -> list[str]:
         if self.late_ms_p99 > LATE_WARNING_MS:
@@ -118,7 +120,13 @@ class OpenLoopResult:
         return []
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "memory": [list(sample) for sample in self.memory], "warnings": self.warnings()}
+        fields = {name: value for name, value in asdict(self).items() if name != "outcomes"}
+        return {**fields, "memory": [list(sample) for sample in self.memory], "warnings": self.warnings()}
+
+    def in_flight_at(self, moment: float) -> list[Outcome]:
+        """The requests sent before `moment` (time.monotonic()) and not answered by then."""
+        at = moment - self.started_at
+        return [o for o in self.outcomes if o.sent_at <= at < o.finished_at]
 
 
 def _quantiles(values: list[float], names: tuple[str, ...]) -> dict[str, float]:
@@ -142,6 +150,7 @@ def summarise(
     process: str,
     batch: int,
     timeout: float | None,
+    started_at: float = 0.0,
 ) -> OpenLoopResult:
     """Counts, percentiles and the per-second timeline of one run's outcomes."""
     by_kind: dict[str, list[Outcome]] = {kind: [] for kind in KINDS}
@@ -190,6 +199,8 @@ def summarise(
         timeline=timeline,
         memory=memory,
         first_errors=first_errors,
+        started_at=started_at,
+        outcomes=tuple(outcomes),
     )
 
 
@@ -252,7 +263,7 @@ async def _offer(
     seconds: float,
     drain: float,
     memory_probe: Callable[[], int] | None,
-) -> tuple[list[Outcome], list[tuple[float, int]], dict[str, str]]:
+) -> tuple[list[Outcome], list[tuple[float, int]], dict[str, str], float]:
     import aiohttp
 
     loop = asyncio.get_running_loop()
@@ -316,7 +327,7 @@ async def _offer(
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
     outcomes.sort(key=lambda o: o.sent_at)
-    return outcomes, memory, first_errors
+    return outcomes, memory, first_errors, start  # the loop's clock is time.monotonic()
 
 
 def run_open_loop(
@@ -358,7 +369,7 @@ def run_open_loop(
     body, headers = encode_request(data, input_name, outputs)
     endpoint = f"http://{url}/v2/models/{model}/infer"
     with generator_process(client_cpus):
-        outcomes, memory, first_errors = asyncio.run(
+        outcomes, memory, first_errors, started_at = asyncio.run(
             _offer(endpoint, body, headers, times, timeout, seconds, drain, memory_probe)
         )
     return summarise(
@@ -371,6 +382,7 @@ def run_open_loop(
         process=process,
         batch=len(data),
         timeout=timeout,
+        started_at=started_at,
     )
 
 

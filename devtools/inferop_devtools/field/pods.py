@@ -29,6 +29,7 @@ from inferop.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
 from inferop.serving.localrepo import write_model_repo
 from inferop.serving.tritonserver import TritonServer, free_port
 from inferop.tritonconfig import ServingConfig
+from inferop_operator import builders
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
 
@@ -112,18 +113,53 @@ def naive(serving: ServingConfig, instances: int | None = None) -> ServingConfig
     )
 
 
+@dataclass(frozen=True)
+class Rendered:
+    """What the operator's Deployment gives the Triton container of `raw`: its liveness probe, the grace a
+    kubelet gives it on a restart, and tritonserver's own shutdown wait."""
+
+    liveness_probe: dict[str, Any]
+    grace_seconds: int
+    exit_timeout_args: list[str]
+
+
+def rendered(raw: dict[str, Any]) -> Rendered:
+    spec = parse_spec(raw)
+    service = builders.Service(
+        name=spec.model.name.replace("_", "-"),
+        namespace="field",
+        uid="00000000-0000-4000-8000-000000000000",
+        spec=spec,
+        plan=plan_service(spec, LOCAL_RUNTIME),
+        image="tritonserver",
+    )
+    pod_spec_ = builders.build_deployment(service)["spec"]["template"]["spec"]
+    container = next(c for c in pod_spec_["containers"] if c["name"] == "triton")
+    return Rendered(
+        liveness_probe=container["livenessProbe"],
+        grace_seconds=int(pod_spec_["terminationGracePeriodSeconds"]),
+        exit_timeout_args=[arg for arg in container["args"] if arg.startswith("--exit-timeout-secs=")],
+    )
+
+
 @contextlib.contextmanager
 def pod(
     serving: ServingConfig,
     limits: PodLimits,
     env: dict[str, str] | None = None,
     cpu_scheduling: CpuScheduling = DEFAULT_CPU_SCHEDULING,
+    extra_args: list[str] | None = None,
 ) -> Iterator[TritonServer]:
     """A tritonserver serving `serving` (the exported model.onnx, this config) inside a pod-sized cgroup."""
     work = Path(tempfile.mkdtemp(prefix="inferop-field-"))
     write_model_repo(serving, REPO / serving.name, work / "repo")
     server = TritonServer(
-        work / "repo", http_port=free_port(), limits=limits, env=env or {}, cpu_scheduling=cpu_scheduling
+        work / "repo",
+        http_port=free_port(),
+        limits=limits,
+        env=env or {},
+        cpu_scheduling=cpu_scheduling,
+        extra_args=extra_args or [],
     )
     try:
         server.start(timeout=300)
@@ -174,6 +210,11 @@ def wait_out(server: TritonServer, seconds: float) -> bool:
 
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
+
+
+def at_most(value: float | None, bound: float) -> bool:
+    """A goal on a measured figure: None (nothing was measured: the max of no requests) fails it, never passes."""
+    return value is not None and value <= bound
 
 
 def describe(serving: ServingConfig, policy: CpuScheduling) -> str:
