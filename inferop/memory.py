@@ -35,6 +35,7 @@ class RuntimeCosts:
     buffer_factor: float  # resident copies of each request and response tensor in flight
     request_bytes: int  # each request in flight beyond its tensors: its connection and Triton's request object
     measured: str
+    assumed: str | None = None  # what of these is assumed rather than measured, said wherever the estimate is shown
 
 
 # Measured 2026-11-30 with the local runtime (tritonserver 2.51, python backend, ONNX Runtime 1.32, one
@@ -66,6 +67,10 @@ CONTAINER_RUNTIME = RuntimeCosts(
     buffer_factor=2.0,  # the HTTP frontend's copy and the backend's input tensor
     request_bytes=LOCAL_RUNTIME.request_bytes,  # the same tritonserver frontend
     measured="baseline not measured (container image); factors from the local runtime",
+    assumed=(
+        "the runtime's 512Mi is assumed, not measured for this image: set runtime.memoryOverhead or the operator's "
+        "INFEROP_RUNTIME_MEMORY_OVERHEAD"
+    ),
 )
 
 
@@ -80,6 +85,7 @@ GPU_RUNTIME = RuntimeCosts(
     buffer_factor=0.0,  # requests wait in host memory, not on the device
     request_bytes=0,
     measured="not measured: defaults for a GPU, see scripts/gpu-check.sh",
+    assumed="the GPU constants are defaults, not measured: scripts/gpu-check.sh measures them",
 )
 
 
@@ -109,6 +115,7 @@ class MemoryEstimate:
     activations: int
     in_flight: int
     unbounded: bool  # the queue has no bound: in-flight memory grows with the load
+    assumed: str | None = None  # the runtime's RuntimeCosts.assumed
 
     @property
     def total(self) -> int:
@@ -140,6 +147,7 @@ def estimate_memory(
         activations=round(n * batch * model.activation_bytes_per_sample * costs.activation_factor),
         in_flight=round(in_flight),
         unbounded=saturated and shape.queue_bound is None,
+        assumed=costs.assumed,
     )
 
 

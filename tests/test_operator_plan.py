@@ -286,7 +286,7 @@ class TestMemoryFit:
         ]
         assert (
             f"peak estimate {' + '.join(terms)} = {format_bytes(self.TOO_BIG_PEAK)} "
-            "against 1Gi of memory (resources.limits.memory). Fix: "
+            f"against 1Gi of memory (resources.limits.memory) ({CONTAINER_RUNTIME.assumed}). Fix: "
         ) in refused.message
 
     # Refused specs and the fixes each must be offered; every fix must pass on its own.
@@ -478,6 +478,24 @@ class TestRuntimeOverhead:
         measured = plan(raw_spec(**TestMemoryFit.TOO_BIG, runtime={"memoryOverhead": overhead}, **sections))
         assert measured.memory.required_bytes - default == parse_quantity(overhead) - runtime.baseline_bytes
         assert f"{format_bytes(parse_quantity(overhead))} runtime" in measured.memory.explain()
+
+    def test_an_assumed_baseline_is_said_to_be_one(self) -> None:
+        """The container's baseline was never measured: every message that shows the estimate says so, until the
+        operator's setting or the spec replaces it."""
+        raw = raw_spec(**TestMemoryFit.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "4Gi"}})
+        default = plan_service(parse_spec(raw), OperatorSettings().runtime_costs()).memory.explain()
+        assert default.endswith(
+            "(the runtime's 512Mi is assumed, not measured for this image: set "
+            "runtime.memoryOverhead or the operator's INFEROP_RUNTIME_MEMORY_OVERHEAD)"
+        )
+        set_by_operator = OperatorSettings(runtime_memory_overhead="600Mi").runtime_costs()
+        assert "assumed" not in plan_service(parse_spec(raw), set_by_operator).memory.explain()
+        raw["runtime"] = {"memoryOverhead": "600Mi"}
+        assert "assumed" not in plan_service(parse_spec(raw), OperatorSettings().runtime_costs()).memory.explain()
+
+    def test_a_gpu_spec_says_its_constants_are_defaults(self) -> None:
+        raw = raw_spec(resources={"limits": {"cpu": "2", "nvidia.com/gpu": "1"}}, gpu={"memory": "16Gi"})
+        assert "GPU constants are defaults, not measured" in plan_service(parse_spec(raw)).memory.explain()
 
     def test_the_operator_setting_replaces_the_baseline(self) -> None:
         spec = parse_spec(raw_spec(**TestMemoryFit.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "4Gi"}}))

@@ -251,7 +251,9 @@ class TestDeployedStatus:
         assert (conditions["MemoryFit"]["status"], conditions["MemoryFit"]["reason"]) == ("True", "Fits")
         message = conditions["MemoryFit"]["message"]
         assert message.startswith(f"peak estimate {format_bytes(CONTAINER_RUNTIME.baseline_bytes)} runtime + ")
-        assert message.endswith(f"= {format_bytes(peak())} against 1Gi of memory (resources.limits.memory)")
+        assert message.endswith(
+            f"= {format_bytes(peak())} against 1Gi of memory (resources.limits.memory) ({CONTAINER_RUNTIME.assumed})"
+        )
 
     def test_memory_not_checked_is_unknown(self) -> None:
         status = written(deployed_status(make_service(resources={"limits": {"cpu": "4"}}), deployment(), 1, Status()))

@@ -58,9 +58,10 @@ class MemoryFit:
 
     def explain(self) -> str:
         arithmetic = f"peak estimate {self.estimate.explain()}"
+        assumed = f" ({self.estimate.assumed})" if self.estimate.assumed else ""
         if self.available_bytes is None:
-            return f"{arithmetic}; not checked: {self.against}"
-        return f"{arithmetic} against {format_bytes(self.available_bytes)} {self.against}"
+            return f"{arithmetic}; not checked: {self.against}{assumed}"
+        return f"{arithmetic} against {format_bytes(self.available_bytes)} {self.against}{assumed}"
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,8 @@ def runtime_costs(spec: InferenceServiceSpec, runtime: RuntimeCosts) -> RuntimeC
     costs = GPU_RUNTIME if spec.uses_gpu else runtime
     if spec.runtime.memory_overhead is not None:
         overhead = parse_quantity(spec.runtime.memory_overhead, "runtime.memoryOverhead")
-        costs = replace(costs, baseline_bytes=round(overhead))
+        # The baseline is the user's now; a GPU's other constants are still defaults.
+        costs = replace(costs, baseline_bytes=round(overhead), assumed=None if costs is runtime else costs.assumed)
     return costs
 
 
