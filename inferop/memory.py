@@ -6,9 +6,12 @@ memory cgroup (`make field` re-measures it and prints the error of every estimat
     runtime baseline
     + instances x (instance overhead + weight factor x weight bytes)
     + instances x activation factor x activation bytes per sample x maxBatchSize
-    + in flight: (queue bound + instances x maxBatchSize) x (buffer factor x tensor bytes + request bytes)
+    + queued: queue bound x (buffer factor x input bytes + request bytes)
+    + executing: instances x maxBatchSize x (buffer factor x input and output bytes + request bytes)
 
-The last term only while the queue is full ("saturated"); idle, the warm-up at the largest batch has already
+The last two only while the queue is full ("saturated"): a queued request holds its inputs, its outputs exist once
+it has executed (a held-out model whose outputs are as large as its inputs showed it: counting both overestimated
+its saturated peak by half). Idle, the warm-up at the largest batch has already
 grown the activation arena. The estimate covers the memory the kernel cannot reclaim: anonymous and shared
 memory. File pages (libraries, the model file) are reclaimable and are charged to whichever cgroup read them
 first, so measurements start from a warm page cache.
@@ -96,6 +99,7 @@ class ModelCosts:
     weight_bytes: int
     activation_bytes_per_sample: int
     io_bytes_per_sample: int  # inputs + outputs of one sample
+    input_bytes_per_sample: int | None = None  # inputs alone, what a queued request holds; None: as io_bytes
 
 
 @dataclass(frozen=True)
@@ -138,8 +142,10 @@ def estimate_memory(
     """The peak of one pod (saturated: its queue full), or its level once models are loaded and warm (idle)."""
     n, batch = shape.instances, shape.max_batch_size
     queued = shape.queue_bound or 0
-    per_request = model.io_bytes_per_sample * costs.buffer_factor + costs.request_bytes
-    in_flight = (queued + n * batch) * per_request if saturated else 0
+    inputs = model.io_bytes_per_sample if model.input_bytes_per_sample is None else model.input_bytes_per_sample
+    waiting = inputs * costs.buffer_factor + costs.request_bytes
+    executing = model.io_bytes_per_sample * costs.buffer_factor + costs.request_bytes
+    in_flight = queued * waiting + n * batch * executing if saturated else 0
     return MemoryEstimate(
         baseline=costs.baseline_bytes,
         instances=n * costs.instance_bytes,

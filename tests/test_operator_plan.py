@@ -20,7 +20,9 @@ from inferop_operator.spec import parse_spec
 EXAMPLES = Path(__file__).resolve().parents[1] / "operator" / "examples"
 MI = 2**20
 BOARD_IO_BYTES = (1 * 8 * 7 + 7 + 1) * 4  # board in, policy and value out: FP32
+BOARD_INPUT_BYTES = 1 * 8 * 7 * 4
 IMAGE_IO_BYTES = (3 * 299 * 299 + 1000) * 4  # images in, logits out: FP32
+IMAGE_INPUT_BYTES = 3 * 299 * 299 * 4
 INCEPTION_PROFILE = {"weight_bytes": 95269496, "activation_bytes": 11063808}
 
 
@@ -56,6 +58,15 @@ def image_spec(**sections: Any) -> dict[str, Any]:
     return raw
 
 
+def in_flight_by_hand(
+    io_bytes: int, input_bytes: int, instances: int, batch: int, queue: int, costs: RuntimeCosts = CONTAINER_RUNTIME
+) -> float:
+    """Queued requests hold their inputs; executing ones their inputs and outputs; each its request bytes too."""
+    return queue * (input_bytes * costs.buffer_factor + costs.request_bytes) + instances * batch * (
+        io_bytes * costs.buffer_factor + costs.request_bytes
+    )
+
+
 def peak_by_hand(
     weight_bytes: int,
     activation_bytes: int,
@@ -64,6 +75,7 @@ def peak_by_hand(
     batch: int,
     queue: int,
     costs: RuntimeCosts = CONTAINER_RUNTIME,
+    input_bytes: int = BOARD_INPUT_BYTES,
 ) -> int:
     """runtime + instances x (instance + weights) + activations x batch x instances + in-flight requests."""
     return (
@@ -71,7 +83,7 @@ def peak_by_hand(
         + instances * costs.instance_bytes
         + round(instances * weight_bytes * costs.weight_factor)
         + round(instances * batch * activation_bytes * costs.activation_factor)
-        + round((queue + instances * batch) * (io_bytes * costs.buffer_factor + costs.request_bytes))
+        + round(in_flight_by_hand(io_bytes, input_bytes, instances, batch, queue, costs))
     )
 
 
@@ -276,13 +288,13 @@ class TestMemoryFit:
     def test_refused_with_the_arithmetic(self) -> None:
         refused = refusal(raw_spec(**self.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "1Gi"}}))
         assert (refused.condition, refused.reason) == ("MemoryFit", "InsufficientMemory")
-        per_request = BOARD_IO_BYTES * CONTAINER_RUNTIME.buffer_factor + CONTAINER_RUNTIME.request_bytes
+        in_flight = in_flight_by_hand(BOARD_IO_BYTES, BOARD_INPUT_BYTES, instances=2, batch=32, queue=128)
         terms = [
             f"{format_bytes(CONTAINER_RUNTIME.baseline_bytes)} runtime",
             f"{format_bytes(2 * CONTAINER_RUNTIME.instance_bytes)} instances",
             f"{format_bytes(2 * 100 * MI * CONTAINER_RUNTIME.weight_factor)} weights",
             f"{format_bytes(2 * 32 * 10 * MI * CONTAINER_RUNTIME.activation_factor)} activations",
-            f"{format_bytes((128 + 64) * per_request)} in-flight requests",
+            f"{format_bytes(in_flight)} in-flight requests",
         ]
         assert (
             f"peak estimate {' + '.join(terms)} = {format_bytes(self.TOO_BIG_PEAK)} "
@@ -563,8 +575,8 @@ class TestQueueBound:
         result = plan(image_spec(instances=2, resources={"limits": {"cpu": "2", "memory": "8Gi"}}, **sections))
         executing = 2 * result.serving.max_batch_size
         assert result.serving.max_queue_size is not None
-        expected = (result.serving.max_queue_size + executing) * (
-            IMAGE_IO_BYTES * CONTAINER_RUNTIME.buffer_factor + CONTAINER_RUNTIME.request_bytes
+        expected = in_flight_by_hand(
+            IMAGE_IO_BYTES, IMAGE_INPUT_BYTES, 2, result.serving.max_batch_size, result.serving.max_queue_size
         )
         assert result.memory.estimate.in_flight == round(expected)
         assert not result.memory.estimate.unbounded
@@ -633,7 +645,14 @@ class TestExamples:
         raw = yaml.safe_load((EXAMPLES / "refused" / "out-of-memory.yaml").read_text())["spec"]
         refused = refusal(raw)
         # 4 instances at batch 64; no capacity and no maxQueueSize: 2 rounds of 4 x 64 queued.
-        peak = peak_by_hand(**INCEPTION_PROFILE, io_bytes=IMAGE_IO_BYTES, instances=4, batch=64, queue=2 * 4 * 64)
+        peak = peak_by_hand(
+            **INCEPTION_PROFILE,
+            io_bytes=IMAGE_IO_BYTES,
+            instances=4,
+            batch=64,
+            queue=2 * 4 * 64,
+            input_bytes=IMAGE_INPUT_BYTES,
+        )
         assert f"= {format_bytes(peak)} against 3Gi of memory" in refused.message
         assert [field for field, _ in suggested_fixes(refused.message)] == ["maxBatchSize", "instances", "memory"]
         assert ("instances", "1") in suggested_fixes(refused.message)

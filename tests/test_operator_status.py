@@ -38,6 +38,7 @@ OLD = "2020-01-01T00:00:00Z"
 AT_OLD = {"last_transition_time": OLD}
 MI = 2**20
 IO_BYTES = (1 * 8 * 7 + 7 + 1) * 4  # board in, policy and value out: FP32
+INPUT_BYTES = 1 * 8 * 7 * 4  # what a queued request holds
 
 
 def peak(instances: int = 2, batch: int = 8, queue: int = 2 * 2 * 8) -> int:
@@ -48,7 +49,10 @@ def peak(instances: int = 2, batch: int = 8, queue: int = 2 * 2 * 8) -> int:
         + instances * costs.instance_bytes
         + round(instances * 4 * MI * costs.weight_factor)
         + round(instances * batch * MI * costs.activation_factor)
-        + round((queue + instances * batch) * (IO_BYTES * costs.buffer_factor + costs.request_bytes))
+        + round(
+            queue * (INPUT_BYTES * costs.buffer_factor + costs.request_bytes)
+            + instances * batch * (IO_BYTES * costs.buffer_factor + costs.request_bytes)
+        )
     )
 
 

@@ -172,7 +172,7 @@ def estimate_peak(spec: InferenceServiceSpec, costs: RuntimeCosts) -> MemoryEsti
 
 def model_costs(spec: InferenceServiceSpec) -> ModelCosts:
     """What the memory estimate needs of the model: its profile and the bytes of its tensors per sample
-    (as export measured them, else from the tensors' dims)."""
+    (as export measured them, else from the tensors' dims), and of its inputs alone."""
     profile = spec.model.profile
     tensors = (*spec.model.inputs, *spec.model.outputs)
     return ModelCosts(
@@ -181,6 +181,8 @@ def model_costs(spec: InferenceServiceSpec) -> ModelCosts:
         io_bytes_per_sample=profile.io_bytes_per_sample
         if profile.io_bytes_per_sample is not None
         else sum(t.as_tensor_spec().bytes_per_sample for t in tensors),
+        # Inputs have fixed dims (export refuses an open one), so their bytes are exact.
+        input_bytes_per_sample=sum(t.as_tensor_spec().bytes_per_sample for t in spec.model.inputs),
     )
 
 
