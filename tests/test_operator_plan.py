@@ -573,7 +573,6 @@ class TestQueueBound:
     )
     def test_the_memory_estimate_holds_the_queue_the_config_bounds(self, sections: dict[str, Any]) -> None:
         result = plan(image_spec(instances=2, resources={"limits": {"cpu": "2", "memory": "8Gi"}}, **sections))
-        executing = 2 * result.serving.max_batch_size
         assert result.serving.max_queue_size is not None
         expected = in_flight_by_hand(
             IMAGE_IO_BYTES, IMAGE_INPUT_BYTES, 2, result.serving.max_batch_size, result.serving.max_queue_size
