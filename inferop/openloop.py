@@ -16,7 +16,7 @@ import contextlib
 import math
 import os
 import resource
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -241,15 +241,18 @@ def generator_process(client_cpus: set[int] | None) -> Iterator[None]:
         os.sched_setaffinity(0, previous)
 
 
-def encode_request(data: np.ndarray, input_name: str, outputs: list[str]) -> tuple[bytes, dict[str, str]]:
+def encode_request(inputs: Mapping[str, np.ndarray], outputs: list[str]) -> tuple[bytes, dict[str, str]]:
     """The V2 inference request with binary tensor data, encoded once and reused for every arrival."""
     import tritonclient.http.aio as httpclient
     from tritonclient.utils import np_to_triton_dtype
 
-    tensor = httpclient.InferInput(input_name, list(data.shape), np_to_triton_dtype(data.dtype))
-    tensor.set_data_from_numpy(data, binary_data=True)
+    tensors = []
+    for name, data in inputs.items():
+        tensor = httpclient.InferInput(name, list(data.shape), np_to_triton_dtype(data.dtype))
+        tensor.set_data_from_numpy(data, binary_data=True)
+        tensors.append(tensor)
     wanted = [httpclient.InferRequestedOutput(name, binary_data=True) for name in outputs]
-    body, json_size = httpclient.InferenceServerClient.generate_request_body([tensor], outputs=wanted)
+    body, json_size = httpclient.InferenceServerClient.generate_request_body(tensors, outputs=wanted)
     headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(json_size)}
     return body, headers
 
@@ -333,7 +336,7 @@ async def _offer(
 def run_open_loop(
     url: str,
     model: str,
-    data: np.ndarray,
+    data: np.ndarray | Mapping[str, np.ndarray],
     rate: float,
     seconds: float,
     *,
@@ -346,7 +349,8 @@ def run_open_loop(
     outputs: list[str] | None = None,
     client_cpus: set[int] | None = None,
 ) -> OpenLoopResult:
-    """Offer `rate` requests/s of `data` (one request's input, batch axis included) for `seconds`.
+    """Offer `rate` requests/s of `data` (one request's input, batch axis included; or every input by name, for
+    a model with several) for `seconds`.
 
     `timeout=None` is a caller that waits for ever: requests still waiting `drain` seconds after the last
     arrival are cancelled and counted `unfinished`. The input and output names are read from the server
@@ -356,7 +360,8 @@ def run_open_loop(
         raise ValueError(f"rate {rate}: expected more than 0 and at most {MAX_RATE:g} requests/s")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout {timeout}: expected a positive number of seconds, or None for no timeout")
-    if input_name is None or outputs is None:
+    named = isinstance(data, Mapping)
+    if (input_name is None and not named) or outputs is None:
         from inferop.client import connect, describe
 
         client = connect(url, 30.0)
@@ -365,8 +370,9 @@ def run_open_loop(
         finally:
             client.close()
         input_name, outputs = input_name or info.input_name, outputs or info.outputs
+    inputs = dict(data) if isinstance(data, Mapping) else {str(input_name): data}
     times = arrival_times(rate, seconds, process, seed)
-    body, headers = encode_request(data, input_name, outputs)
+    body, headers = encode_request(inputs, outputs)
     endpoint = f"http://{url}/v2/models/{model}/infer"
     with generator_process(client_cpus):
         outcomes, memory, first_errors, started_at = asyncio.run(
@@ -380,7 +386,7 @@ def run_open_loop(
         rate=rate,
         seconds=seconds,
         process=process,
-        batch=len(data),
+        batch=len(next(iter(inputs.values()))),
         timeout=timeout,
         started_at=started_at,
     )

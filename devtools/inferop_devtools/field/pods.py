@@ -61,13 +61,26 @@ class Machine:
         return PodLimits(cpus=cpus, memory_bytes=memory_bytes, cpuset=cpuset)
 
 
+def export_args(network: str) -> list[str]:
+    """`inferop export`'s arguments for a built-in network, or for a model a user brings that the memory drill
+    holds out: the example ranker (two inputs, FP32 and INT64) and an ONNX file with large activations."""
+    if network == "ranker":
+        inputs = ["--input", "features=16", "--input", "category=1:INT64", "--output", "score"]
+        return ["torch", "ranker:build", "--app-dir", str(ROOT / "export" / "examples"), *inputs]
+    if network == "wide_activations":
+        from inferop_devtools.field.models import wide_activations
+
+        return ["onnx", str(wide_activations(OUT / "models" / "wide_activations.onnx")), "--name", network]
+    return [network]
+
+
 @functools.cache
 def exported_spec(network: str) -> dict[str, Any]:
     """The InferenceService spec `inferop export` writes, with the profile it measured: exported once per
     run, so the capacity the queue bound is derived from was measured on this machine, in this run."""
     manifest = OUT / "manifests" / f"{network}.yaml"
     manifest.parent.mkdir(parents=True, exist_ok=True)
-    if inferop(["export", network, "--repo", str(REPO), "--manifest", str(manifest)]) != 0:
+    if inferop(["export", *export_args(network), "--repo", str(REPO), "--manifest", str(manifest)]) != 0:
         raise SystemExit(f"error: exporting {network} failed")
     spec: dict[str, Any] = yaml.safe_load(manifest.read_text())["spec"]
     return spec
@@ -169,9 +182,18 @@ def pod(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def one_request(serving: ServingConfig) -> np.ndarray:
-    spec = serving.inputs[0]
-    return np.random.default_rng(0).standard_normal((1, *spec.dims)).astype(np.float32)
+def one_request(serving: ServingConfig) -> dict[str, np.ndarray]:
+    """One sample of every input: floats drawn at random, integers 0 (inside any embedding table)."""
+    from tritonclient.utils import triton_to_np_dtype
+
+    rng = np.random.default_rng(0)
+    request = {}
+    for spec in serving.inputs:
+        dtype = np.dtype(triton_to_np_dtype(spec.datatype))
+        shape = (1, *spec.dims)
+        floating = np.issubdtype(dtype, np.floating)
+        request[spec.name] = rng.standard_normal(shape).astype(dtype) if floating else np.zeros(shape, dtype)
+    return request
 
 
 def closed_loop(server: TritonServer, model: str, concurrency: int, seconds: float, machine: Machine) -> Any:
