@@ -41,20 +41,23 @@ class RuntimeCosts:
     assumed: str | None = None  # what of these is assumed rather than measured, said wherever the estimate is shown
 
 
-# Measured 2026-11-30 with the local runtime (tritonserver 2.51, python backend, ONNX Runtime 1.32, one
-# intra-op thread, memory pattern off) in a cgroup v1 memory controller, over both networks x instances 1, 2
-# x maxBatchSize 1, 8, 32, idle and saturated (a queue of 64 batch-1 requests): least squares on the idle
-# peaks, then the buffer factor on saturated minus idle. Worst error of the fit 14%. `scripts/field.py
-# --drills memory --calibrate` measures the grid again and prints the constants it fits.
+# Fitted by `make field`'s memory drill (scripts/field.py --calibrate), 2026-12-02, with the local runtime
+# (tritonserver 2.51, python backend, ONNX Runtime 1.32, one intra-op thread, memory pattern off) in a cgroup v1
+# memory controller on a 2-core AMD EPYC, on its fit set: both networks x instances 1, 2 x maxBatchSize 1, 8, 32,
+# idle and saturated at the derived queue bound. Least squares on the idle peaks, then the buffer factor and the
+# request bytes on saturated minus idle. Worst error on that fit set 25%; on the held-out set (the example ranker
+# with two inputs, an ONNX file whose activations dwarf its weights, the conv net at batch 128, Inception V3 at
+# batch 64) 23%. The constants before (fitted 2026-11-30 at a queue of 64) missed the conv net's saturated peak
+# at the derived bound of 1,024 by 38%: a small request in a full queue of a fast model holds about 36 KB, not 15.
 LOCAL_RUNTIME = RuntimeCosts(
     name="local",
-    baseline_bytes=15 * MiB,
-    instance_bytes=32 * MiB,  # each instance is a python stub process with numpy and ONNX Runtime loaded
-    weight_factor=1.8,
-    activation_factor=1.5,
-    buffer_factor=1.2,
-    request_bytes=14_800,
-    measured="inferop serve (python backend) in a memory cgroup, 2026-11-30",
+    baseline_bytes=12_161_024,
+    instance_bytes=36_929_644,  # each instance is a python stub process with numpy and ONNX Runtime loaded
+    weight_factor=1.855,
+    activation_factor=1.504,
+    buffer_factor=1.135,
+    request_bytes=35_703,
+    measured="make field's fit set (inferop serve, python backend, in a memory cgroup), 2026-12-02",
 )
 
 # NVIDIA's container runs ONNX Runtime inside the server process, so an instance is a session, not a process.

@@ -238,6 +238,12 @@ def calibrate(grid: list[dict[str, Any]], note: str) -> dict[str, Any]:
 
 def measured_points(drill: dict[str, Any]) -> list[dict[str, Any]]:
     """Each measured peak with what the estimate needs (the model's costs, the shape, idle or saturated) and the
-    set it belongs to: the data tests/test_memory.py checks the constants against."""
+    set it belongs to, left out where saturation never filled the queue: the data tests/test_memory_measured.py
+    checks the constants against (tests/data/memory_measured.json)."""
     keys = ("network", "model", "instances", "max_batch_size", "queue_bound", "state", "measured_bytes")
-    return [{"set": name, **{key: row[key] for key in keys}} for name in ("fitted", "held_out") for row in drill[name]]
+    return [
+        {"set": name, **{key: row[key] for key in keys}}
+        for name in ("fitted", "held_out")
+        for row in drill[name]
+        if row.get("reached", True)
+    ]

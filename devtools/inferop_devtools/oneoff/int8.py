@@ -27,12 +27,14 @@ BATCH = 8
 THREADS = 2
 
 
-def session(path: Path, profile: bool = False) -> Any:
+def session(path: Path, profile_prefix: Path | None = None) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
-    options.enable_profiling = profile
+    if profile_prefix is not None:  # ONNX Runtime writes its profile there, not in the working directory
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile_prefix)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
@@ -49,7 +51,7 @@ def images_per_second(path: Path, seconds: float) -> float:
 
 def profile_by_operator(path: Path, batches: int = 5) -> dict[str, float]:
     """Mean milliseconds per batch of BATCH spent in each operator type (ONNX Runtime's profiler, node events)."""
-    run = session(path, profile=True)
+    run = session(path, profile_prefix=path.with_suffix(".profile"))
     images = np.random.default_rng(0).standard_normal((BATCH, 3, 299, 299)).astype(np.float32)
     run.run(None, {"images": images})  # warm-up, not counted below
     for _ in range(batches):
