@@ -6,9 +6,12 @@ memory cgroup (`make field` re-measures it and prints the error of every estimat
     runtime baseline
     + instances x (instance overhead + weight factor x weight bytes)
     + instances x activation factor x activation bytes per sample x maxBatchSize
-    + in flight: (queue bound + instances x maxBatchSize) x (buffer factor x tensor bytes + request bytes)
+    + queued: queue bound x (buffer factor x input bytes + request bytes)
+    + executing: instances x maxBatchSize x (buffer factor x input and output bytes + request bytes)
 
-The last term only while the queue is full ("saturated"); idle, the warm-up at the largest batch has already
+The last two only while the queue is full ("saturated"): a queued request holds its inputs, its outputs exist once
+it has executed (a held-out model whose outputs are as large as its inputs showed it: counting both overestimated
+its saturated peak by half). Idle, the warm-up at the largest batch has already
 grown the activation arena. The estimate covers the memory the kernel cannot reclaim: anonymous and shared
 memory. File pages (libraries, the model file) are reclaimable and are charged to whichever cgroup read them
 first, so measurements start from a warm page cache.
@@ -35,22 +38,26 @@ class RuntimeCosts:
     buffer_factor: float  # resident copies of each request and response tensor in flight
     request_bytes: int  # each request in flight beyond its tensors: its connection and Triton's request object
     measured: str
+    assumed: str | None = None  # what of these is assumed rather than measured, said wherever the estimate is shown
 
 
-# Measured 2026-11-30 with the local runtime (tritonserver 2.51, python backend, ONNX Runtime 1.32, one
-# intra-op thread, memory pattern off) in a cgroup v1 memory controller, over both networks x instances 1, 2
-# x maxBatchSize 1, 8, 32, idle and saturated (a queue of 64 batch-1 requests): least squares on the idle
-# peaks, then the buffer factor on saturated minus idle. Worst error of the fit 14%. `scripts/field.py
-# --drills memory --calibrate` measures the grid again and prints the constants it fits.
+# Fitted by `make field`'s memory drill (scripts/field.py --calibrate), 2026-12-02, with the local runtime
+# (tritonserver 2.51, python backend, ONNX Runtime 1.32, one intra-op thread, memory pattern off) in a cgroup v1
+# memory controller on a 2-core AMD EPYC, on its fit set: both networks x instances 1, 2 x maxBatchSize 1, 8, 32,
+# idle and saturated at the derived queue bound. Least squares on the idle peaks, then the buffer factor and the
+# request bytes on saturated minus idle. Worst error on that fit set 25%; on the held-out set (the example ranker
+# with two inputs, an ONNX file whose activations dwarf its weights, the conv net at batch 128, Inception V3 at
+# batch 64) 23%. The constants before (fitted 2026-11-30 at a queue of 64) missed the conv net's saturated peak
+# at the derived bound of 1,024 by 38%: a small request in a full queue of a fast model holds about 36 KB, not 15.
 LOCAL_RUNTIME = RuntimeCosts(
     name="local",
-    baseline_bytes=15 * MiB,
-    instance_bytes=32 * MiB,  # each instance is a python stub process with numpy and ONNX Runtime loaded
-    weight_factor=1.8,
-    activation_factor=1.5,
-    buffer_factor=1.2,
-    request_bytes=14_800,
-    measured="inferop serve (python backend) in a memory cgroup, 2026-11-30",
+    baseline_bytes=12_161_024,
+    instance_bytes=36_929_644,  # each instance is a python stub process with numpy and ONNX Runtime loaded
+    weight_factor=1.855,
+    activation_factor=1.504,
+    buffer_factor=1.135,
+    request_bytes=35_703,
+    measured="make field's fit set (inferop serve, python backend, in a memory cgroup), 2026-12-02",
 )
 
 # NVIDIA's container runs ONNX Runtime inside the server process, so an instance is a session, not a process.
@@ -66,6 +73,10 @@ CONTAINER_RUNTIME = RuntimeCosts(
     buffer_factor=2.0,  # the HTTP frontend's copy and the backend's input tensor
     request_bytes=LOCAL_RUNTIME.request_bytes,  # the same tritonserver frontend
     measured="baseline not measured (container image); factors from the local runtime",
+    assumed=(
+        "the runtime's 512Mi is assumed, not measured for this image: set runtime.memoryOverhead or the operator's "
+        "INFEROP_RUNTIME_MEMORY_OVERHEAD"
+    ),
 )
 
 
@@ -80,6 +91,7 @@ GPU_RUNTIME = RuntimeCosts(
     buffer_factor=0.0,  # requests wait in host memory, not on the device
     request_bytes=0,
     measured="not measured: defaults for a GPU, see scripts/gpu-check.sh",
+    assumed="the GPU constants are defaults, not measured: scripts/gpu-check.sh measures them",
 )
 
 
@@ -90,6 +102,7 @@ class ModelCosts:
     weight_bytes: int
     activation_bytes_per_sample: int
     io_bytes_per_sample: int  # inputs + outputs of one sample
+    input_bytes_per_sample: int | None = None  # inputs alone, what a queued request holds; None: as io_bytes
 
 
 @dataclass(frozen=True)
@@ -109,6 +122,7 @@ class MemoryEstimate:
     activations: int
     in_flight: int
     unbounded: bool  # the queue has no bound: in-flight memory grows with the load
+    assumed: str | None = None  # the runtime's RuntimeCosts.assumed
 
     @property
     def total(self) -> int:
@@ -131,8 +145,10 @@ def estimate_memory(
     """The peak of one pod (saturated: its queue full), or its level once models are loaded and warm (idle)."""
     n, batch = shape.instances, shape.max_batch_size
     queued = shape.queue_bound or 0
-    per_request = model.io_bytes_per_sample * costs.buffer_factor + costs.request_bytes
-    in_flight = (queued + n * batch) * per_request if saturated else 0
+    inputs = model.io_bytes_per_sample if model.input_bytes_per_sample is None else model.input_bytes_per_sample
+    waiting = inputs * costs.buffer_factor + costs.request_bytes
+    executing = model.io_bytes_per_sample * costs.buffer_factor + costs.request_bytes
+    in_flight = queued * waiting + n * batch * executing if saturated else 0
     return MemoryEstimate(
         baseline=costs.baseline_bytes,
         instances=n * costs.instance_bytes,
@@ -140,6 +156,7 @@ def estimate_memory(
         activations=round(n * batch * model.activation_bytes_per_sample * costs.activation_factor),
         in_flight=round(in_flight),
         unbounded=saturated and shape.queue_bound is None,
+        assumed=costs.assumed,
     )
 
 

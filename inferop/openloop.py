@@ -16,7 +16,7 @@ import contextlib
 import math
 import os
 import resource
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -108,6 +108,8 @@ class OpenLoopResult:
     timeline: list[dict[str, Any]]  # per second of the run and its drain
     memory: list[tuple[float, int]]  # (seconds from the start, bytes) from the memory probe
     first_errors: dict[str, str]  # kind -> first message of that kind
+    started_at: float = 0.0  # time.monotonic() of arrival 0, to line outcomes up with other events
+    outcomes: tuple[Outcome, ...] = ()  # every request, in order of arrival (not in as_dict: a drill picks)
 
     def warnings(self) -> list[str]:
         if self.late_ms_p99 > LATE_WARNING_MS:
@@ -118,7 +120,13 @@ class OpenLoopResult:
         return []
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "memory": [list(sample) for sample in self.memory], "warnings": self.warnings()}
+        fields = {name: value for name, value in asdict(self).items() if name != "outcomes"}
+        return {**fields, "memory": [list(sample) for sample in self.memory], "warnings": self.warnings()}
+
+    def in_flight_at(self, moment: float) -> list[Outcome]:
+        """The requests sent before `moment` (time.monotonic()) and not answered by then."""
+        at = moment - self.started_at
+        return [o for o in self.outcomes if o.sent_at <= at < o.finished_at]
 
 
 def _quantiles(values: list[float], names: tuple[str, ...]) -> dict[str, float]:
@@ -142,6 +150,7 @@ def summarise(
     process: str,
     batch: int,
     timeout: float | None,
+    started_at: float = 0.0,
 ) -> OpenLoopResult:
     """Counts, percentiles and the per-second timeline of one run's outcomes."""
     by_kind: dict[str, list[Outcome]] = {kind: [] for kind in KINDS}
@@ -190,6 +199,8 @@ def summarise(
         timeline=timeline,
         memory=memory,
         first_errors=first_errors,
+        started_at=started_at,
+        outcomes=tuple(outcomes),
     )
 
 
@@ -230,15 +241,18 @@ def generator_process(client_cpus: set[int] | None) -> Iterator[None]:
         os.sched_setaffinity(0, previous)
 
 
-def encode_request(data: np.ndarray, input_name: str, outputs: list[str]) -> tuple[bytes, dict[str, str]]:
+def encode_request(inputs: Mapping[str, np.ndarray], outputs: list[str]) -> tuple[bytes, dict[str, str]]:
     """The V2 inference request with binary tensor data, encoded once and reused for every arrival."""
     import tritonclient.http.aio as httpclient
     from tritonclient.utils import np_to_triton_dtype
 
-    tensor = httpclient.InferInput(input_name, list(data.shape), np_to_triton_dtype(data.dtype))
-    tensor.set_data_from_numpy(data, binary_data=True)
+    tensors = []
+    for name, data in inputs.items():
+        tensor = httpclient.InferInput(name, list(data.shape), np_to_triton_dtype(data.dtype))
+        tensor.set_data_from_numpy(data, binary_data=True)
+        tensors.append(tensor)
     wanted = [httpclient.InferRequestedOutput(name, binary_data=True) for name in outputs]
-    body, json_size = httpclient.InferenceServerClient.generate_request_body([tensor], outputs=wanted)
+    body, json_size = httpclient.InferenceServerClient.generate_request_body(tensors, outputs=wanted)
     headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(json_size)}
     return body, headers
 
@@ -252,7 +266,7 @@ async def _offer(
     seconds: float,
     drain: float,
     memory_probe: Callable[[], int] | None,
-) -> tuple[list[Outcome], list[tuple[float, int]], dict[str, str]]:
+) -> tuple[list[Outcome], list[tuple[float, int]], dict[str, str], float]:
     import aiohttp
 
     loop = asyncio.get_running_loop()
@@ -316,13 +330,13 @@ async def _offer(
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
     outcomes.sort(key=lambda o: o.sent_at)
-    return outcomes, memory, first_errors
+    return outcomes, memory, first_errors, start  # the loop's clock is time.monotonic()
 
 
 def run_open_loop(
     url: str,
     model: str,
-    data: np.ndarray,
+    data: np.ndarray | Mapping[str, np.ndarray],
     rate: float,
     seconds: float,
     *,
@@ -335,7 +349,8 @@ def run_open_loop(
     outputs: list[str] | None = None,
     client_cpus: set[int] | None = None,
 ) -> OpenLoopResult:
-    """Offer `rate` requests/s of `data` (one request's input, batch axis included) for `seconds`.
+    """Offer `rate` requests/s of `data` (one request's input, batch axis included; or every input by name, for
+    a model with several) for `seconds`.
 
     `timeout=None` is a caller that waits for ever: requests still waiting `drain` seconds after the last
     arrival are cancelled and counted `unfinished`. The input and output names are read from the server
@@ -345,7 +360,8 @@ def run_open_loop(
         raise ValueError(f"rate {rate}: expected more than 0 and at most {MAX_RATE:g} requests/s")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout {timeout}: expected a positive number of seconds, or None for no timeout")
-    if input_name is None or outputs is None:
+    named = isinstance(data, Mapping)
+    if (input_name is None and not named) or outputs is None:
         from inferop.client import connect, describe
 
         client = connect(url, 30.0)
@@ -354,11 +370,12 @@ def run_open_loop(
         finally:
             client.close()
         input_name, outputs = input_name or info.input_name, outputs or info.outputs
+    inputs = dict(data) if isinstance(data, Mapping) else {str(input_name): data}
     times = arrival_times(rate, seconds, process, seed)
-    body, headers = encode_request(data, input_name, outputs)
+    body, headers = encode_request(inputs, outputs)
     endpoint = f"http://{url}/v2/models/{model}/infer"
     with generator_process(client_cpus):
-        outcomes, memory, first_errors = asyncio.run(
+        outcomes, memory, first_errors, started_at = asyncio.run(
             _offer(endpoint, body, headers, times, timeout, seconds, drain, memory_probe)
         )
     return summarise(
@@ -369,8 +386,9 @@ def run_open_loop(
         rate=rate,
         seconds=seconds,
         process=process,
-        batch=len(data),
+        batch=len(next(iter(inputs.values()))),
         timeout=timeout,
+        started_at=started_at,
     )
 
 

@@ -1,5 +1,6 @@
-"""The mechanisms behind `make field`, small and fast: the memory model against a peak the kernel measured,
-and a stalled model that answers 503 in time while Triton's metrics show the stall."""
+"""The mechanisms behind `make field`, where they live (inferop_devtools.field), small and fast against the real
+tritonserver: a stalled model that answers 503 in time while Triton's metrics show the stall, and the liveness probe
+the operator renders, run as a kubelet runs it, restarting a stalled server and leaving a busy one alone."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from inferop.limits import PodLimits, cgroup_unavailable_reason
-from inferop.memory import LOCAL_RUNTIME, ModelCosts, ServingShape, estimate_memory
-from tests.conftest import ExportedRepo, RunningServer, wait_for
+from tests.conftest import ExportedRepo, wait_for
 
 CGROUPS = cgroup_unavailable_reason()
 
@@ -29,35 +30,15 @@ def served_copy(model_repo: ExportedRepo, model: str, target: Path, **settings: 
     return serving
 
 
-@pytest.mark.skipif(CGROUPS is not None, reason=str(CGROUPS))
-def test_memory_model_predicts_the_measured_peak(
-    model_repo: ExportedRepo, triton: RunningServer, tmp_path: Path
-) -> None:
-    """Inception V3 (1 instance, batch 8, queue 16) in a memory cgroup: idle and with its queue full, the
-    estimate is within the +-25% the model promises. `triton` has already read the files, as a node has."""
-    from inferop.openloop import run_open_loop
-    from inferop.serving.tritonserver import TritonServer, free_port
+def raw_spec(model_repo: ExportedRepo, model: str, request_seconds: float, cpus: str = "1") -> dict[str, Any]:
+    """The InferenceService export writes for `model`, with another request timeout and CPU limit."""
+    from inferop_export.manifest import build_manifest
 
-    serving = served_copy(
-        model_repo, "inception_v3", tmp_path / "repo", intra_op_threads=1, max_queue_size=16, memory_pattern=False
-    )
-    profile = model_repo.reports["inception_v3"].profile
-    costs = ModelCosts(
-        weight_bytes=profile.weight_bytes,
-        activation_bytes_per_sample=profile.activation_bytes_per_sample,
-        io_bytes_per_sample=sum(t.bytes_per_sample for t in (*serving.inputs, *serving.outputs)),
-    )
-    shape = ServingShape(instances=1, max_batch_size=8, queue_bound=16)
-    with TritonServer(tmp_path / "repo", http_port=free_port(), limits=PodLimits(memory_bytes=4 * 2**30)) as server:
-        assert server.cgroup is not None
-        idle = server.cgroup.memory_peak()
-        data = np.zeros((1, 3, 299, 299), dtype=np.float32)
-        result = run_open_loop(server.url, "inception_v3", data, rate=40.0, seconds=4.0, timeout=30.0, drain=0.0)
-        saturated = server.cgroup.memory_peak()
-    assert result.rejected > 0, "the queue never filled: the test did not saturate the server"
-    for state, measured in (("idle", idle), ("saturated", saturated)):
-        estimate = estimate_memory(costs, shape, LOCAL_RUNTIME, saturated=state == "saturated").total
-        assert abs(estimate / measured - 1) <= 0.25, f"{state}: estimate {estimate} against measured {measured}"
+    raw: dict[str, Any] = build_manifest(model_repo.reports[model].spec)["spec"]
+    raw["timeouts"]["requestSeconds"] = request_seconds
+    raw["resources"] = {"limits": {"cpu": cpus, "memory": "1Gi"}}
+    raw.pop("threads", None)
+    return raw
 
 
 SUCCESS, PENDING = "nv_inference_request_success", "nv_inference_pending_request_count"
@@ -123,3 +104,103 @@ def test_a_stalled_model_answers_503_in_time_and_shows_in_the_metrics(model_repo
             caller.join(30)
         assert "ok" in {text for text, _ in answers}, answers  # the held request finishes once released
         assert metric(SUCCESS) > success_before
+
+
+def test_the_rendered_liveness_probe_restarts_a_stalled_server(model_repo: ExportedRepo, tmp_path: Path) -> None:
+    """The Deployment's liveness probe, run as the kubelet runs it, restarts a server whose model hangs: not before
+    its window, within its bound, once; the callers inside the hung execution get an answer (the restart's), and
+    the new server serves. The plain HTTP check (/v2/health/live), run alongside, passes throughout."""
+    from inferop.openloop import OpenLoopResult, run_open_loop
+    from inferop.serving.tritonserver import TritonServer, free_port
+    from inferop_devtools.field.kubelet import LivenessProber
+    from inferop_devtools.field.pods import rendered
+
+    request_seconds = 2.0
+    kubelet = rendered(raw_spec(model_repo, "conv_net", request_seconds))
+    probe = kubelet.liveness_probe
+    period, threshold = probe["periodSeconds"], probe["failureThreshold"]
+    serving = served_copy(
+        model_repo, "conv_net", tmp_path / "repo", request_timeout_microseconds=int(request_seconds * 1e6)
+    )
+    stall_file, state = tmp_path / "stall", tmp_path / "state"
+    state.mkdir()
+    env = {"INFEROP_FAULT_STALL_FILE": str(stall_file)}
+    plain_http = {
+        "httpGet": {"path": "/v2/health/live"},
+        "periodSeconds": 1,
+        "timeoutSeconds": 1,
+        "failureThreshold": 3,
+    }
+    board = np.zeros((1, *serving.inputs[0].dims), dtype=np.float32)
+    results: list[OpenLoopResult] = []
+    with TritonServer(
+        tmp_path / "repo", http_port=free_port(), env=env, extra_args=kubelet.exit_timeout_args
+    ) as server:
+
+        def clear_fault() -> None:
+            stall_file.unlink(missing_ok=True)
+
+        ours = LivenessProber(server, probe, state, kubelet.grace_seconds, on_restart=clear_fault)
+        old = LivenessProber(server, plain_http, state, kubelet.grace_seconds, restart=False)
+        with ours, old:
+            loader = threading.Thread(
+                target=lambda: results.append(
+                    run_open_loop(server.url, "conv_net", board, 20.0, 30.0, timeout=None, drain=15.0)
+                )
+            )
+            loader.start()
+            time.sleep(3.0)
+            stall_file.touch()
+            stalled_at = time.monotonic()
+            wait_for(lambda: ours.restarts, timeout=30, what="the liveness probe's restart")
+            loader.join()
+    restart_began = ours.started + ours.restarts[0].at
+    old_while_stalled = [run for run in old.runs if stalled_at < old.started + run.at < restart_began]
+    result = results[0]
+    assert len(ours.restarts) == 1, ours.summary()
+    restart = ours.restarts[0]
+    after = ours.started + restart.at - stalled_at
+    # No execution completed for (threshold - 1) whole periods, and the kubelet needed at most one period more.
+    assert (threshold - 1) * period <= after <= (threshold + 1) * period + probe["timeoutSeconds"], ours.summary()
+    assert restart.ready_at is not None, restart.exit_reason
+    assert old_while_stalled and all(run.ok for run in old_while_stalled)  # Triton's own liveness: 200 throughout
+    assert result.unfinished == 0 and result.client_timeout == 0, result.as_dict()
+    assert result.timed_out > 0  # queued callers: Triton's 503 after the queue timeout
+    in_execution = [o for o in result.in_flight_at(stalled_at + 0.5) if o.kind != "timed_out"]
+    assert in_execution, "no caller was inside the stalled execution"
+    assert {o.kind for o in in_execution} <= {"failed"}  # the connection ended by the restart, not left waiting
+    ready = ours.started + restart.ready_at
+    assert any(o.kind == "ok" and result.started_at + o.finished_at > ready for o in result.outcomes), ours.summary()
+
+
+@pytest.mark.skipif(CGROUPS is not None, reason=str(CGROUPS))
+def test_the_rendered_liveness_probe_leaves_an_overloaded_server_alone(
+    model_repo: ExportedRepo, tmp_path: Path
+) -> None:
+    """Heavy healthy load is no stall: the conv net on a quarter of a CPU, offered four times what it serves, with its
+    queue full and requests timing out of it, completes executions all along; the probe never fails."""
+    from inferop.openloop import run_open_loop
+    from inferop.serving.tritonserver import TritonServer, free_port
+    from inferop_devtools.field.kubelet import LivenessProber
+    from inferop_devtools.field.pods import rendered
+
+    request_seconds = 4.0
+    kubelet = rendered(raw_spec(model_repo, "conv_net", request_seconds, cpus="0.25"))
+    serving = served_copy(
+        model_repo,
+        "conv_net",
+        tmp_path / "repo",
+        request_timeout_microseconds=int(request_seconds * 1e6),
+        max_queue_size=64,
+        intra_op_threads=1,
+    )
+    board = np.zeros((1, *serving.inputs[0].dims), dtype=np.float32)
+    limits = PodLimits(cpus=0.25)
+    with TritonServer(tmp_path / "repo", http_port=free_port(), limits=limits) as server:
+        capacity = run_open_loop(server.url, "conv_net", board, 2000.0, 3.0, timeout=10.0, drain=2.0).goodput
+        with LivenessProber(server, kubelet.liveness_probe, tmp_path, kubelet.grace_seconds) as prober:
+            overload = run_open_loop(server.url, "conv_net", board, min(4 * capacity, 4000.0), 12.0, timeout=30.0)
+    assert overload.rejected > 0, "not overloaded: the queue never filled"
+    assert len(prober.runs) >= 12.0 / prober.period - 1
+    assert prober.summary()["failures"] == 0, prober.summary()
+    assert prober.restarts == []

@@ -87,13 +87,17 @@ def peak(serving: ServingConfig, spec: InferenceServiceSpec) -> int:
     costs, n, batch = CONTAINER_RUNTIME, serving.instances, serving.max_batch_size
     profile = spec.model.profile
     io = sum(t.bytes_per_sample for t in (*serving.inputs, *serving.outputs))
+    inputs = sum(t.bytes_per_sample for t in serving.inputs)  # what a queued request holds
     assert serving.max_queue_size is not None
     return (
         costs.baseline_bytes
         + n * costs.instance_bytes
         + round(n * profile.weight_bytes * costs.weight_factor)
         + round(n * batch * profile.activation_bytes_per_sample * costs.activation_factor)
-        + round((serving.max_queue_size + n * batch) * (io * costs.buffer_factor + costs.request_bytes))
+        + round(
+            serving.max_queue_size * (inputs * costs.buffer_factor + costs.request_bytes)
+            + n * batch * (io * costs.buffer_factor + costs.request_bytes)
+        )
     )
 
 

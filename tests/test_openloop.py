@@ -22,6 +22,7 @@ from inferop.openloop import (
     arrival_times,
     cgroup_memory_probe,
     classify,
+    encode_request,
     generator_process,
     run_open_loop,
     summarise,
@@ -149,6 +150,31 @@ class TestSummarise:
     def test_nothing_answered_has_empty_percentiles(self) -> None:
         result = summarise([], [], {}, model="m", rate=1, seconds=1, process="poisson", batch=1, timeout=1.0)
         assert (result.sent, result.latency_ms, result.reject_ms, result.late_ms_p99) == (0, {}, {}, 0.0)
+
+
+class TestEncodeRequest:
+    def test_every_input_by_name_in_one_body(self) -> None:
+        """A model with several inputs (the ranker: FP32 features, INT64 category) gets all of them."""
+        features = np.ones((1, 16), dtype=np.float32)
+        category = np.array([[3]], dtype=np.int64)
+        body, headers = encode_request({"features": features, "category": category}, ["score"])
+        header = json.loads(body[: int(headers["Inference-Header-Content-Length"])])
+        assert [(t["name"], t["datatype"], t["shape"]) for t in header["inputs"]] == [
+            ("features", "FP32", [1, 16]),
+            ("category", "INT64", [1, 1]),
+        ]
+        assert body.endswith(features.tobytes() + category.tobytes())
+
+
+class TestOutcomes:
+    def test_in_flight_at_a_moment(self) -> None:
+        """Which callers were waiting at a moment (the monotonic clock): sent before it, answered after it."""
+        outcomes = [outcome(0.0, 1.0, "ok"), outcome(0.5, 5.0, "failed"), outcome(2.0, 1.0, "ok")]
+        result = summarise(
+            outcomes, [], {}, model="m", rate=1, seconds=3, process="fixed", batch=1, timeout=None, started_at=100.0
+        )
+        assert result.in_flight_at(101.5) == [outcomes[1]]
+        assert "outcomes" not in result.as_dict()
 
 
 class TestCgroupMemoryProbe:

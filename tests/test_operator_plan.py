@@ -20,7 +20,9 @@ from inferop_operator.spec import parse_spec
 EXAMPLES = Path(__file__).resolve().parents[1] / "operator" / "examples"
 MI = 2**20
 BOARD_IO_BYTES = (1 * 8 * 7 + 7 + 1) * 4  # board in, policy and value out: FP32
+BOARD_INPUT_BYTES = 1 * 8 * 7 * 4
 IMAGE_IO_BYTES = (3 * 299 * 299 + 1000) * 4  # images in, logits out: FP32
+IMAGE_INPUT_BYTES = 3 * 299 * 299 * 4
 INCEPTION_PROFILE = {"weight_bytes": 95269496, "activation_bytes": 11063808}
 
 
@@ -56,6 +58,15 @@ def image_spec(**sections: Any) -> dict[str, Any]:
     return raw
 
 
+def in_flight_by_hand(
+    io_bytes: int, input_bytes: int, instances: int, batch: int, queue: int, costs: RuntimeCosts = CONTAINER_RUNTIME
+) -> float:
+    """Queued requests hold their inputs; executing ones their inputs and outputs; each its request bytes too."""
+    return queue * (input_bytes * costs.buffer_factor + costs.request_bytes) + instances * batch * (
+        io_bytes * costs.buffer_factor + costs.request_bytes
+    )
+
+
 def peak_by_hand(
     weight_bytes: int,
     activation_bytes: int,
@@ -64,6 +75,7 @@ def peak_by_hand(
     batch: int,
     queue: int,
     costs: RuntimeCosts = CONTAINER_RUNTIME,
+    input_bytes: int = BOARD_INPUT_BYTES,
 ) -> int:
     """runtime + instances x (instance + weights) + activations x batch x instances + in-flight requests."""
     return (
@@ -71,7 +83,7 @@ def peak_by_hand(
         + instances * costs.instance_bytes
         + round(instances * weight_bytes * costs.weight_factor)
         + round(instances * batch * activation_bytes * costs.activation_factor)
-        + round((queue + instances * batch) * (io_bytes * costs.buffer_factor + costs.request_bytes))
+        + round(in_flight_by_hand(io_bytes, input_bytes, instances, batch, queue, costs))
     )
 
 
@@ -276,17 +288,17 @@ class TestMemoryFit:
     def test_refused_with_the_arithmetic(self) -> None:
         refused = refusal(raw_spec(**self.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "1Gi"}}))
         assert (refused.condition, refused.reason) == ("MemoryFit", "InsufficientMemory")
-        per_request = BOARD_IO_BYTES * CONTAINER_RUNTIME.buffer_factor + CONTAINER_RUNTIME.request_bytes
+        in_flight = in_flight_by_hand(BOARD_IO_BYTES, BOARD_INPUT_BYTES, instances=2, batch=32, queue=128)
         terms = [
             f"{format_bytes(CONTAINER_RUNTIME.baseline_bytes)} runtime",
             f"{format_bytes(2 * CONTAINER_RUNTIME.instance_bytes)} instances",
             f"{format_bytes(2 * 100 * MI * CONTAINER_RUNTIME.weight_factor)} weights",
             f"{format_bytes(2 * 32 * 10 * MI * CONTAINER_RUNTIME.activation_factor)} activations",
-            f"{format_bytes((128 + 64) * per_request)} in-flight requests",
+            f"{format_bytes(in_flight)} in-flight requests",
         ]
         assert (
             f"peak estimate {' + '.join(terms)} = {format_bytes(self.TOO_BIG_PEAK)} "
-            "against 1Gi of memory (resources.limits.memory). Fix: "
+            f"against 1Gi of memory (resources.limits.memory) ({CONTAINER_RUNTIME.assumed}). Fix: "
         ) in refused.message
 
     # Refused specs and the fixes each must be offered; every fix must pass on its own.
@@ -479,6 +491,24 @@ class TestRuntimeOverhead:
         assert measured.memory.required_bytes - default == parse_quantity(overhead) - runtime.baseline_bytes
         assert f"{format_bytes(parse_quantity(overhead))} runtime" in measured.memory.explain()
 
+    def test_an_assumed_baseline_is_said_to_be_one(self) -> None:
+        """The container's baseline was never measured: every message that shows the estimate says so, until the
+        operator's setting or the spec replaces it."""
+        raw = raw_spec(**TestMemoryFit.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "4Gi"}})
+        default = plan_service(parse_spec(raw), OperatorSettings().runtime_costs()).memory.explain()
+        assert default.endswith(
+            "(the runtime's 512Mi is assumed, not measured for this image: set "
+            "runtime.memoryOverhead or the operator's INFEROP_RUNTIME_MEMORY_OVERHEAD)"
+        )
+        set_by_operator = OperatorSettings(runtime_memory_overhead="600Mi").runtime_costs()
+        assert "assumed" not in plan_service(parse_spec(raw), set_by_operator).memory.explain()
+        raw["runtime"] = {"memoryOverhead": "600Mi"}
+        assert "assumed" not in plan_service(parse_spec(raw), OperatorSettings().runtime_costs()).memory.explain()
+
+    def test_a_gpu_spec_says_its_constants_are_defaults(self) -> None:
+        raw = raw_spec(resources={"limits": {"cpu": "2", "nvidia.com/gpu": "1"}}, gpu={"memory": "16Gi"})
+        assert "GPU constants are defaults, not measured" in plan_service(parse_spec(raw)).memory.explain()
+
     def test_the_operator_setting_replaces_the_baseline(self) -> None:
         spec = parse_spec(raw_spec(**TestMemoryFit.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "4Gi"}}))
         costs = OperatorSettings(runtime_memory_overhead="1Gi").runtime_costs()
@@ -501,23 +531,23 @@ class TestQueueBound:
     LIMITS: ClassVar[dict[str, Any]] = {"limits": {"cpu": "1", "memory": "1Gi"}}
 
     def test_derived_from_the_capacity(self) -> None:
-        # Inception on one CPU: 10 samples/s x 0.8 served x 10 s x 0.5 = 40, less 3 rounds of 1 x batch 8 = 16.
+        # Inception on one CPU: 10 samples/s x 0.8 served x 10 s x 0.5 = 40.
         result = plan(
             raw_spec(
                 capacity=10.0, resources=self.LIMITS, batching={"maxBatchSize": 8}, timeouts={"requestSeconds": 10}
             )
         )
-        assert (result.queue.size, result.queue.source, result.queue.capacity) == (16, "capacity", 10.0)
-        assert result.serving.max_queue_size == 16
+        assert (result.queue.size, result.queue.source, result.queue.capacity) == (40, "capacity", 10.0)
+        assert result.serving.max_queue_size == 40
         config = parse_model_config(render_model_config(result.serving))
-        assert config.dynamic_batching.default_queue_policy.max_queue_size == 16
+        assert config.dynamic_batching.default_queue_policy.max_queue_size == 40
         assert result.warnings == []
 
     def test_the_capacity_is_the_pods(self) -> None:
-        # 4 CPUs, 2 instances x 2 intra-op threads: 32 samples/s x 0.8 x 10 s x 0.5 = 128, less 3 x 2 x 8 = 80.
+        # 4 CPUs, 2 instances x 2 intra-op threads: 32 samples/s x 0.8 x 10 s x 0.5 = 128.
         result = plan(raw_spec(capacity=8.0, instances=2, resources={"limits": {"cpu": "4", "memory": "1Gi"}}))
         assert (result.threads.intra_op, result.queue.capacity) == (2, 32.0)
-        assert result.serving.max_queue_size == 80
+        assert result.serving.max_queue_size == 128
 
     def test_the_spec_value_wins(self) -> None:
         result = plan(raw_spec(capacity=8.0, resources=self.LIMITS, batching={"maxQueueSize": 5}))
@@ -543,10 +573,9 @@ class TestQueueBound:
     )
     def test_the_memory_estimate_holds_the_queue_the_config_bounds(self, sections: dict[str, Any]) -> None:
         result = plan(image_spec(instances=2, resources={"limits": {"cpu": "2", "memory": "8Gi"}}, **sections))
-        executing = 2 * result.serving.max_batch_size
         assert result.serving.max_queue_size is not None
-        expected = (result.serving.max_queue_size + executing) * (
-            IMAGE_IO_BYTES * CONTAINER_RUNTIME.buffer_factor + CONTAINER_RUNTIME.request_bytes
+        expected = in_flight_by_hand(
+            IMAGE_IO_BYTES, IMAGE_INPUT_BYTES, 2, result.serving.max_batch_size, result.serving.max_queue_size
         )
         assert result.memory.estimate.in_flight == round(expected)
         assert not result.memory.estimate.unbounded
@@ -615,7 +644,14 @@ class TestExamples:
         raw = yaml.safe_load((EXAMPLES / "refused" / "out-of-memory.yaml").read_text())["spec"]
         refused = refusal(raw)
         # 4 instances at batch 64; no capacity and no maxQueueSize: 2 rounds of 4 x 64 queued.
-        peak = peak_by_hand(**INCEPTION_PROFILE, io_bytes=IMAGE_IO_BYTES, instances=4, batch=64, queue=2 * 4 * 64)
+        peak = peak_by_hand(
+            **INCEPTION_PROFILE,
+            io_bytes=IMAGE_IO_BYTES,
+            instances=4,
+            batch=64,
+            queue=2 * 4 * 64,
+            input_bytes=IMAGE_INPUT_BYTES,
+        )
         assert f"= {format_bytes(peak)} against 3Gi of memory" in refused.message
         assert [field for field, _ in suggested_fixes(refused.message)] == ["maxBatchSize", "instances", "memory"]
         assert ("instances", "1") in suggested_fixes(refused.message)

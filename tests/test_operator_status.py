@@ -38,6 +38,7 @@ OLD = "2020-01-01T00:00:00Z"
 AT_OLD = {"last_transition_time": OLD}
 MI = 2**20
 IO_BYTES = (1 * 8 * 7 + 7 + 1) * 4  # board in, policy and value out: FP32
+INPUT_BYTES = 1 * 8 * 7 * 4  # what a queued request holds
 
 
 def peak(instances: int = 2, batch: int = 8, queue: int = 2 * 2 * 8) -> int:
@@ -48,7 +49,10 @@ def peak(instances: int = 2, batch: int = 8, queue: int = 2 * 2 * 8) -> int:
         + instances * costs.instance_bytes
         + round(instances * 4 * MI * costs.weight_factor)
         + round(instances * batch * MI * costs.activation_factor)
-        + round((queue + instances * batch) * (IO_BYTES * costs.buffer_factor + costs.request_bytes))
+        + round(
+            queue * (INPUT_BYTES * costs.buffer_factor + costs.request_bytes)
+            + instances * batch * (IO_BYTES * costs.buffer_factor + costs.request_bytes)
+        )
     )
 
 
@@ -251,7 +255,9 @@ class TestDeployedStatus:
         assert (conditions["MemoryFit"]["status"], conditions["MemoryFit"]["reason"]) == ("True", "Fits")
         message = conditions["MemoryFit"]["message"]
         assert message.startswith(f"peak estimate {format_bytes(CONTAINER_RUNTIME.baseline_bytes)} runtime + ")
-        assert message.endswith(f"= {format_bytes(peak())} against 1Gi of memory (resources.limits.memory)")
+        assert message.endswith(
+            f"= {format_bytes(peak())} against 1Gi of memory (resources.limits.memory) ({CONTAINER_RUNTIME.assumed})"
+        )
 
     def test_memory_not_checked_is_unknown(self) -> None:
         status = written(deployed_status(make_service(resources={"limits": {"cpu": "4"}}), deployment(), 1, Status()))
@@ -293,10 +299,10 @@ class TestPlanStatus:
         assert status["threads"]["summary"] == "1x(1+1)/1cpu"
 
     def test_derived_queue_bound(self) -> None:
-        # 4 CPUs, 2 instances x 2 intra-op threads: 8 x 4 = 32 samples/s x 0.8 x 10 s x 0.5 = 128, less 3 x 2 x 8 = 80.
+        # 4 CPUs, 2 instances x 2 intra-op threads: 8 x 4 = 32 samples/s x 0.8 x 10 s x 0.5 = 128.
         status = written(plan_status(make_service(capacity=8.0)))
-        assert status["queue"] == {"maxQueueSize": 80, "source": "capacity", "capacitySamplesPerSecond": 32.0}
-        assert status["memory"]["requiredBytes"] == peak(queue=80)  # the estimate holds the queue it bounds
+        assert status["queue"] == {"maxQueueSize": 128, "source": "capacity", "capacitySamplesPerSecond": 32.0}
+        assert status["memory"]["requiredBytes"] == peak(queue=128)  # the estimate holds the queue it bounds
 
     def test_queue_bound_from_the_spec(self) -> None:
         status = written(plan_status(make_service(capacity=8.0, batching={"maxQueueSize": 5})))

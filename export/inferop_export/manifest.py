@@ -7,7 +7,6 @@ and planned again before it is written, so the operator never refuses a manifest
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import yaml
 
 from inferop.quantity import format_bytes
 from inferop_operator.identity import API_VERSION, KIND
-from inferop_operator.plan import MEMORY_MARGIN, plan_service
+from inferop_operator.plan import memory_limit, plan_service
 from inferop_operator.spec import InferenceServiceSpec, parse_spec
 
 # The sections a manifest spells out in full; the others (runtime, autoscaling, gpu) only where set.
@@ -33,7 +32,7 @@ def build_manifest(spec: InferenceServiceSpec, name: str | None = None, cpus: st
     cpus = cpus or str(threads.threads)
     fields["resources"] = {"requests": {"cpu": cpus}, "limits": {"cpu": cpus}}
     peak = plan_service(parse_spec(fields)).memory.required_bytes
-    memory = f"{math.ceil(peak * MEMORY_MARGIN / 2**20)}Mi"
+    memory = memory_limit(peak)
     fields["resources"]["requests"]["memory"] = fields["resources"]["limits"]["memory"] = memory
     plan_service(parse_spec(fields))  # raises if the operator would refuse it
     metadata = {"name": name or spec.model.name.replace("_", "-").lower()}

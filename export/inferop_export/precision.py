@@ -140,9 +140,12 @@ def _depthwise_channels(pool: onnx.NodeProto, shapes: dict[str, onnx.TensorShape
     return int(shape.dim[1].dim_value) if exact and shape is not None else None
 
 
-def quantize_int8(fp32: Path, target: Path, source: Source, signature: Signature, seed: int) -> None:
+def quantize_int8(
+    fp32: Path, target: Path, source: Source, signature: Signature, seed: int, pools_as_convs: bool = True
+) -> None:
     """`target`: `fp32` statically quantized to int8 (QDQ, per-channel weights), calibrated on
-    CALIBRATION_SAMPLES generated inputs."""
+    CALIBRATION_SAMPLES generated inputs; average pools rewritten as depthwise convolutions first, unless
+    `pools_as_convs` is False (to measure what the rewrite is worth)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -153,7 +156,7 @@ def quantize_int8(fp32: Path, target: Path, source: Source, signature: Signature
         prepared = Path(work) / "prepared.onnx"
         quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)
         model = onnx.load(str(prepared))
-        if average_pools_as_depthwise_convs(model):
+        if pools_as_convs and average_pools_as_depthwise_convs(model):
             onnx.save_model(model, str(prepared))
         quantize_static(
             str(prepared),

@@ -112,6 +112,7 @@ class TritonServer:
     usage: dict[str, float | int | str | None] | None = field(default=None, init=False)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _workdir: Path | None = field(default=None, init=False)
+    _own_log: bool = field(default=False, init=False)  # the log lives in the work directory and goes with it
 
     @property
     def url(self) -> str:
@@ -153,7 +154,8 @@ class TritonServer:
         install = TritonInstall.locate()
         self._workdir = Path(tempfile.mkdtemp(prefix="inferop-serve-"))
         local_repo = prepare_local_repo(self.repo.resolve(), self._workdir / "repo")
-        self.log_path = self.log_path or self._workdir / "tritonserver.log"
+        if self.log_path is None:
+            self.log_path, self._own_log = self._workdir / "tritonserver.log", True
         try:
             if self.limits is not None and not self.limits.empty:
                 self.cgroup = PodCgroup(self.limits).create()
@@ -209,6 +211,9 @@ class TritonServer:
         if self._workdir is not None:
             # The log goes with it unless it was asked for elsewhere; errors above already quoted its tail.
             shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+            if self._own_log:  # a restart (`start()` again, as a kubelet restarts a container) writes a new one
+                self.log_path, self._own_log = None, False
 
     def exit_reason(self) -> str:
         """How the server ended, naming the OOM killer when it struck in the pod: a pod's most common death,

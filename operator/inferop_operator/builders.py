@@ -14,7 +14,7 @@ from typing import Any
 
 from inferop import scheduling
 from inferop.tritonconfig import render_model_config
-from inferop_operator import identity
+from inferop_operator import identity, liveness
 from inferop_operator.identity import (
     API_VERSION,
     CANDIDATE_SUFFIX,
@@ -311,6 +311,14 @@ def init_containers(service: Service, source_mount: dict[str, Any]) -> list[dict
     return containers
 
 
+def stall_check(service: Service) -> liveness.StallCheck:
+    """The liveness check's timing for this service: from its request timeout and its pod's capacity."""
+    spec = service.spec
+    return liveness.stall_check(
+        spec.timeouts.request_seconds, service.plan.queue.capacity, spec.instances, spec.batching.samples_per_batch
+    )
+
+
 def progress_deadline_seconds(service: Service) -> int:
     """The Deployment's progressDeadlineSeconds, after which a rollout counts as stuck (ProgressDeadlineExceeded):
     the startup budget (the model's load) and 5 minutes for scheduling, pulling the image and the init containers;
@@ -340,12 +348,7 @@ def build_deployment(service: Service) -> dict[str, Any]:
             "timeoutSeconds": 2,
             "failureThreshold": math.ceil(spec.timeouts.startup_seconds / STARTUP_PROBE_PERIOD),
         },
-        "livenessProbe": {
-            "httpGet": {"path": "/v2/health/live", **health},
-            "periodSeconds": 10,
-            "timeoutSeconds": 2,
-            "failureThreshold": 3,
-        },
+        "livenessProbe": liveness.liveness_probe(stall_check(service)),
         "readinessProbe": {
             "httpGet": {"path": "/v2/health/ready", **health},
             "periodSeconds": 5,

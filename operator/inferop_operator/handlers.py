@@ -586,6 +586,14 @@ async def services(uid: str, status: Any, **_: Any) -> dict[str, dict[str, Any]]
     return {uid: copy.deepcopy(dict(status or {}))}
 
 
+@kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
+async def forget_deleted(event: kopf.RawEvent, uid: str, **_: Any) -> None:
+    """A deleted service's advice is forgotten with it: a long-running operator does not keep every uid it saw."""
+    if event["type"] == "DELETED":
+        for key in [key for key in _advised if key[0] == uid]:
+            _advised.pop(key, None)
+
+
 @kopf.index(GROUP, VERSION, PLURAL)
 async def service_uids(name: str, namespace: str | None, uid: str, **_: Any) -> dict[tuple[str | None, str], str]:
     """Uids of the services by namespace and name: a pod names its service only by its instance label."""

@@ -32,6 +32,12 @@ from inferop_operator.spec import InferenceServiceSpec
 MEMORY_MARGIN = 1.25
 
 
+def memory_limit(peak_bytes: float) -> str:
+    """The memory limit for a peak estimate (or a limit that proved too small): the margin on top, in whole MiB
+    rounded up, so that the quantity passes the fit check it was sized for."""
+    return f"{math.ceil(peak_bytes * MEMORY_MARGIN / 2**20)}Mi"
+
+
 class Refusal(InferopError):
     """The spec is valid but must not run; `condition` is the status condition that explains why."""
 
@@ -58,9 +64,10 @@ class MemoryFit:
 
     def explain(self) -> str:
         arithmetic = f"peak estimate {self.estimate.explain()}"
+        assumed = f" ({self.estimate.assumed})" if self.estimate.assumed else ""
         if self.available_bytes is None:
-            return f"{arithmetic}; not checked: {self.against}"
-        return f"{arithmetic} against {format_bytes(self.available_bytes)} {self.against}"
+            return f"{arithmetic}; not checked: {self.against}{assumed}"
+        return f"{arithmetic} against {format_bytes(self.available_bytes)} {self.against}{assumed}"
 
 
 @dataclass(frozen=True)
@@ -156,7 +163,8 @@ def runtime_costs(spec: InferenceServiceSpec, runtime: RuntimeCosts) -> RuntimeC
     costs = GPU_RUNTIME if spec.uses_gpu else runtime
     if spec.runtime.memory_overhead is not None:
         overhead = parse_quantity(spec.runtime.memory_overhead, "runtime.memoryOverhead")
-        costs = replace(costs, baseline_bytes=round(overhead))
+        # The baseline is the user's now; a GPU's other constants are still defaults.
+        costs = replace(costs, baseline_bytes=round(overhead), assumed=None if costs is runtime else costs.assumed)
     return costs
 
 
@@ -170,7 +178,7 @@ def estimate_peak(spec: InferenceServiceSpec, costs: RuntimeCosts) -> MemoryEsti
 
 def model_costs(spec: InferenceServiceSpec) -> ModelCosts:
     """What the memory estimate needs of the model: its profile and the bytes of its tensors per sample
-    (as export measured them, else from the tensors' dims)."""
+    (as export measured them, else from the tensors' dims), and of its inputs alone."""
     profile = spec.model.profile
     tensors = (*spec.model.inputs, *spec.model.outputs)
     return ModelCosts(
@@ -179,6 +187,8 @@ def model_costs(spec: InferenceServiceSpec) -> ModelCosts:
         io_bytes_per_sample=profile.io_bytes_per_sample
         if profile.io_bytes_per_sample is not None
         else sum(t.as_tensor_spec().bytes_per_sample for t in tensors),
+        # Inputs have fixed dims (export refuses an open one), so their bytes are exact.
+        input_bytes_per_sample=sum(t.as_tensor_spec().bytes_per_sample for t in spec.model.inputs),
     )
 
 

@@ -74,6 +74,9 @@ class OperatorSettings(BaseSettings):
         return GatewayRef(name=name, namespace=namespace, section_name=section[0] if section else None)
 
     def runtime_costs(self) -> RuntimeCosts:
-        """The container runtime's memory constants with this overhead as the baseline."""
+        """The container runtime's memory constants with this overhead as the baseline; unset, the baseline stays
+        the stated assumption."""
+        if "runtime_memory_overhead" not in self.model_fields_set:
+            return CONTAINER_RUNTIME
         overhead = parse_quantity(self.runtime_memory_overhead, "INFEROP_RUNTIME_MEMORY_OVERHEAD")
-        return replace(CONTAINER_RUNTIME, baseline_bytes=round(overhead))
+        return replace(CONTAINER_RUNTIME, baseline_bytes=round(overhead), assumed=None)

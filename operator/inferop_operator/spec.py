@@ -276,10 +276,10 @@ class Batching(Section):
         ge=1,
         le=1_000_000,
         description=(
-            "Requests queued per model before new ones are rejected. Unset: derived by Little's law so that an "
-            "accepted request is answered within half of timeouts.requestSeconds: capacity x 0.8 x "
-            "requestSeconds / 2 (0.8: what a pod keeps of its capacity while it rejects overload) less three rounds "
-            "of batches (instances x maxBatchSize each), at most 1024, capacity being "
+            "Requests queued per model before new ones are rejected. Unset: derived by Little's law so that the "
+            "callers a pod answers within half of timeouts.requestSeconds are admitted: capacity x 0.8 x "
+            "requestSeconds / 2 (0.8: what a pod keeps of its capacity while it rejects overload), at least one "
+            "batch, at most 1024, capacity being "
             "model.profile.samplesPerCpuSecond x the CPUs the threads use; requests are taken as one sample "
             "each. With no measured capacity: 2 x maxBatchSize x instances, and the status warns."
         ),

@@ -8,7 +8,6 @@ patch what these return.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -18,7 +17,7 @@ from pydantic import Field, ValidationError
 from inferop.quantity import format_bytes, parse_quantity
 from inferop_operator.builders import CHILDREN, Service, selector_labels
 from inferop_operator.identity import COMPONENT
-from inferop_operator.plan import MEMORY_MARGIN
+from inferop_operator.plan import MEMORY_MARGIN, memory_limit
 from inferop_operator.rollout import Reported, RolloutStatus
 
 if TYPE_CHECKING:  # the status stays free of the Kubernetes client; it only reads a failure's fields
@@ -415,13 +414,13 @@ def oom_advice(where: str, container: Mapping[str, Any], memory: MemoryStatus | 
     if memory is None:
         return f"{said}: raise resources.limits.memory"
     estimate = memory.required_bytes
-    fits = f"{math.ceil(estimate * MEMORY_MARGIN / 2**20)}Mi"
+    fits = memory_limit(estimate)
     if limit is None or estimate >= limit:
         return (
             f"{said}; the memory model estimates {format_bytes(estimate)} with the queue full: set "
             f"resources.limits.memory to {fits} (the estimate x {MEMORY_MARGIN}, as inferop export sizes it)"
         )
-    grown = f"{math.ceil(limit * MEMORY_MARGIN / 2**20)}Mi"
+    grown = memory_limit(limit)
     return (
         f"{said}, above the memory model's estimate of {format_bytes(estimate)} with the queue full: the pod "
         f"needed at least {format_bytes(limit - estimate)} ({(limit - estimate) / estimate:.0%}) more than "

@@ -12,6 +12,7 @@ kube-scheduler here, so no pod runs there and the test is for the current releas
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ import numpy as np
 import pytest
 import yaml
 
+from inferop.quantity import parse_quantity
 from inferop_devtools.cluster.addons import Kwok, MetricsAdapter, PodTargets
 from inferop_devtools.cluster.controlplane import ControlPlane
 from inferop_devtools.prometheus import Prometheus, render_chart
@@ -138,6 +140,29 @@ def hpa_metric(kubectl: Kubectl, namespace: str, name: str) -> str | None:
     return None
 
 
+def adapter_series(kubectl: Kubectl, namespace: str, metric: str, selector: str) -> dict[str, float]:
+    """What custom.metrics.k8s.io (prometheus-adapter, through the apiserver) returns for the service's pods: the
+    value of each series by the pod it describes. A pod listed twice raises."""
+    path = f"/apis/custom.metrics.k8s.io/v1beta1/namespaces/{namespace}/pods/*/{metric}?labelSelector={selector}"
+    items = json.loads(kubectl.run("get", "--raw", path).stdout)["items"]
+    values: dict[str, float] = {}
+    for item in items:
+        pod = item["describedObject"]["name"]
+        assert pod not in values, f"the adapter returned {pod} twice: {items}"
+        values[pod] = parse_quantity(item["value"])
+    return values
+
+
+def one_series_per_running_pod(kubectl: Kubectl, namespace: str, metric: str, selector: str) -> dict[str, float] | None:
+    series = adapter_series(kubectl, namespace, metric, selector)
+    return series if sorted(series) == running_pods(kubectl, namespace, selector) else None
+
+
+def running_pods(kubectl: Kubectl, namespace: str, selector: str) -> list[str]:
+    listed = json.loads(kubectl.run("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout)["items"]
+    return sorted(pod["metadata"]["name"] for pod in listed if pod.get("status", {}).get("phase") == "Running")
+
+
 def hpa_conditions(kubectl: Kubectl, namespace: str, name: str) -> list[str]:
     """The HPA's conditions, `type=status reason: message`: they say why it reads no metric when it reads none."""
     hpa = kubectl.get("hpa.v2.autoscaling", name, namespace) or {}
@@ -171,7 +196,7 @@ def test_the_hpa_scales_out_under_load_and_back_in_after_it(
             )
         except pytest.fail.Exception as failure:
             pytest.fail(f"{failure}; the HPA's conditions: {hpa_conditions(kubectl, namespace, name)}")
-        assert float(idle.rstrip("m")) == 0, f"{POD_METRICS[metric]} idle: {idle}"
+        assert parse_quantity(idle) == 0, f"{POD_METRICS[metric]} idle: {idle}"
 
         started = time.monotonic()
         with Load(pipeline.triton.url) as load:
@@ -184,6 +209,12 @@ def test_the_hpa_scales_out_under_load_and_back_in_after_it(
             scaled_out = time.monotonic() - started
             loaded = hpa_metric(kubectl, namespace, name)
             answered = load.answered
+            # The adapter serves one series per running pod, each its own (every pod is scraped as itself).
+            series = wait_for(
+                lambda: one_series_per_running_pod(kubectl, namespace, POD_METRICS[metric], selector),
+                timeout=30,
+                what="one adapter series per running pod",
+            )
         stopped = time.monotonic()
         wait_for(
             lambda: replicas(kubectl, namespace, name) == (1, 1),
@@ -193,6 +224,9 @@ def test_the_hpa_scales_out_under_load_and_back_in_after_it(
         )
         scaled_in = time.monotonic() - stopped
     assert answered > 0
+    # It scaled because the load read above the target: the metric the HPA acted on, and every pod's series.
+    assert loaded is not None and parse_quantity(loaded) > target, f"{POD_METRICS[metric]} under load: {loaded}"
+    assert len(series) == MAX_REPLICAS and all(value > target for value in series.values()), series
     measured(
         f"1 -> {MAX_REPLICAS} pods in {scaled_out:.1f} s under load ({CALLERS} callers, "
         f"{POD_METRICS[metric]} read {loaded} against target {target}), {MAX_REPLICAS} -> 1 in {scaled_in:.1f} s "

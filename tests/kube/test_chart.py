@@ -77,7 +77,7 @@ def tools_bin() -> Path:
     """checkov and the kubernetes-validate release that still knows 1.20, in their own cached venv."""
     result = subprocess.run(["bash", str(TOOLS_SCRIPT)], capture_output=True, text=True, timeout=900, check=False)
     if result.returncode != 0:
-        pytest.skip(f"checker venv unavailable (run {TOOLS_SCRIPT.relative_to(REPO)}): {result.stderr.strip()[-400:]}")
+        pytest.fail(f"checker venv unavailable (run {TOOLS_SCRIPT.relative_to(REPO)}): {result.stderr.strip()[-400:]}")
     return Path(result.stdout.strip().splitlines()[-1])
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from inferop.paths import repo_root
+from inferop_devtools.choices import add_subset_option
 from inferop_devtools.drills.badspecs import format_bad_specs, run_bad_specs
 from inferop_devtools.drills.fleet import format_fleet, run_fleet
 from inferop_devtools.drills.kills import format_operator_kills, run_operator_kills
@@ -79,14 +79,10 @@ DRILLS: dict[str, tuple[Callable[[Path, bool], dict[str, Any]], Callable[[dict[s
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="make drills", description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--drills", default=",".join(DRILLS), help=f"comma-separated, of {', '.join(DRILLS)}")
+    add_subset_option(parser, "--drills", DRILLS)
     parser.add_argument("--quick", action="store_true", help="small versions, to check the drills themselves")
     args = parser.parse_args()
-    chosen = [name.strip() for name in args.drills.split(",") if name.strip()]
-    unknown = sorted(set(chosen) - set(DRILLS))
-    if unknown:
-        print(f"error: --drills {unknown}: not one of {', '.join(DRILLS)}", file=sys.stderr)
-        return 2
+    chosen: list[str] = args.drills
 
     OUT.mkdir(parents=True, exist_ok=True)
     figures = OUT / "drills.json"

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from inferop_devtools.choices import add_subset_option
 from inferop_devtools.drills.traffic import Request, Sent, Traffic, board_request
 from inferop_devtools.gateway.plane import GATEWAY, MODELS, GatewayPlane, pod_cidr, wait_for
 from inferop_operator.identity import COMPONENT, COMPONENTS, INSTANCE
@@ -649,15 +650,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="two steps of 10 s (make test's size)")
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, of {', '.join(SCENARIOS)}")
+    add_subset_option(parser, "--scenarios", SCENARIOS)
     parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
     parser.add_argument("--workdir", type=Path, default=None, help="kept afterwards (default: a temporary one)")
     args = parser.parse_args(argv)
-    chosen = [name.strip() for name in args.scenarios.split(",") if name.strip()]
-    unknown = sorted(set(chosen) - set(SCENARIOS))
-    if unknown:
-        print(f"error: --scenarios {unknown}: not one of {', '.join(SCENARIOS)}", file=sys.stderr)
-        return 2
+    chosen: list[str] = args.scenarios
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     enter_private_network([pod_cidr()])  # first, before any thread: everything below lives in it
     with tempfile.TemporaryDirectory(prefix="inferop-rollout-") as temporary:

@@ -28,7 +28,7 @@ class Request:
 def board_request(
     name: str, board: np.ndarray, outputs: Sequence[str], headers: dict[str, str] | None = None
 ) -> Request:
-    body, encoding = encode_request(board, "board", list(outputs))
+    body, encoding = encode_request({"board": board}, list(outputs))
     return Request(name, body, {**encoding, **(headers or {})})
 
 

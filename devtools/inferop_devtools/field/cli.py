@@ -19,8 +19,9 @@ from typing import Any
 
 from inferop.limits import cgroup_unavailable_reason
 from inferop.threads import local_cpus
+from inferop_devtools.choices import add_subset_option
 from inferop_devtools.field.hang import drill_hang
-from inferop_devtools.field.memory import calibrate, drill_memory
+from inferop_devtools.field.memory import calibrate, drill_memory, measured_points
 from inferop_devtools.field.overload import drill_overload
 from inferop_devtools.field.pods import NETWORKS, OUT, ROOT, Machine, planned, pod, pod_spec
 from inferop_devtools.field.report import plot_drill, report
@@ -36,14 +37,12 @@ DRILLS: dict[str, Callable[[Machine], dict[str, Any]]] = {
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="make field", description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--drills", default=",".join(DRILLS), help=f"comma-separated, of {', '.join(DRILLS)}")
-    parser.add_argument("--calibrate", action="store_true", help="print the memory model's constants fitted")
+    add_subset_option(parser, "--drills", DRILLS)
+    parser.add_argument(
+        "--calibrate", action="store_true", help="print the memory model's constants fitted on the fit set"
+    )
     args = parser.parse_args()
-    chosen = [name.strip() for name in args.drills.split(",") if name.strip()]
-    unknown = sorted(set(chosen) - set(DRILLS))
-    if unknown:
-        print(f"error: --drills: unknown {unknown}; choose from {list(DRILLS)}", file=sys.stderr)
-        return 2
+    chosen: list[str] = args.drills
     reason = cgroup_unavailable_reason()
     if reason:
         print(f"error: the drills need a pod's limits: {reason}", file=sys.stderr)
@@ -62,8 +61,10 @@ def main() -> int:
         results[name] = DRILLS[name](machine)
         results[name]["plot"] = plot_drill(name, results[name])
         (OUT / f"{name}.json").write_text(json.dumps(results[name], indent=2, default=str))
+    if "memory" in results:  # the points tests/test_memory.py holds the constants to (tests/data/)
+        (OUT / "memory-points.json").write_text(json.dumps(measured_points(results["memory"]), indent=1))
     if args.calibrate and "memory" in results:
-        constants = calibrate(results["memory"]["grid"], f"make field, {time.strftime('%Y-%m-%d')}")
+        constants = calibrate(results["memory"]["fitted"], f"make field's fit set, {time.strftime('%Y-%m-%d')}")
         print(json.dumps(constants, indent=2))
     text = report(results, time.monotonic() - started)
     (OUT / "report.md").write_text(text)

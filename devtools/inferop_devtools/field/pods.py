@@ -29,6 +29,7 @@ from inferop.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
 from inferop.serving.localrepo import write_model_repo
 from inferop.serving.tritonserver import TritonServer, free_port
 from inferop.tritonconfig import ServingConfig
+from inferop_operator import builders
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
 
@@ -60,13 +61,26 @@ class Machine:
         return PodLimits(cpus=cpus, memory_bytes=memory_bytes, cpuset=cpuset)
 
 
+def export_args(network: str) -> list[str]:
+    """`inferop export`'s arguments for a built-in network, or for a model a user brings that the memory drill
+    holds out: the example ranker (two inputs, FP32 and INT64) and an ONNX file with large activations."""
+    if network == "ranker":
+        inputs = ["--input", "features=16", "--input", "category=1:INT64", "--output", "score"]
+        return ["torch", "ranker:build", "--app-dir", str(ROOT / "export" / "examples"), *inputs]
+    if network == "wide_activations":
+        from inferop_devtools.field.models import wide_activations
+
+        return ["onnx", str(wide_activations(OUT / "models" / "wide_activations.onnx")), "--name", network]
+    return [network]
+
+
 @functools.cache
 def exported_spec(network: str) -> dict[str, Any]:
     """The InferenceService spec `inferop export` writes, with the profile it measured: exported once per
     run, so the capacity the queue bound is derived from was measured on this machine, in this run."""
     manifest = OUT / "manifests" / f"{network}.yaml"
     manifest.parent.mkdir(parents=True, exist_ok=True)
-    if inferop(["export", network, "--repo", str(REPO), "--manifest", str(manifest)]) != 0:
+    if inferop(["export", *export_args(network), "--repo", str(REPO), "--manifest", str(manifest)]) != 0:
         raise SystemExit(f"error: exporting {network} failed")
     spec: dict[str, Any] = yaml.safe_load(manifest.read_text())["spec"]
     return spec
@@ -112,18 +126,53 @@ def naive(serving: ServingConfig, instances: int | None = None) -> ServingConfig
     )
 
 
+@dataclass(frozen=True)
+class Rendered:
+    """What the operator's Deployment gives the Triton container of `raw`: its liveness probe, the grace a
+    kubelet gives it on a restart, and tritonserver's own shutdown wait."""
+
+    liveness_probe: dict[str, Any]
+    grace_seconds: int
+    exit_timeout_args: list[str]
+
+
+def rendered(raw: dict[str, Any]) -> Rendered:
+    spec = parse_spec(raw)
+    service = builders.Service(
+        name=spec.model.name.replace("_", "-"),
+        namespace="field",
+        uid="00000000-0000-4000-8000-000000000000",
+        spec=spec,
+        plan=plan_service(spec, LOCAL_RUNTIME),
+        image="tritonserver",
+    )
+    pod_spec_ = builders.build_deployment(service)["spec"]["template"]["spec"]
+    container = next(c for c in pod_spec_["containers"] if c["name"] == "triton")
+    return Rendered(
+        liveness_probe=container["livenessProbe"],
+        grace_seconds=int(pod_spec_["terminationGracePeriodSeconds"]),
+        exit_timeout_args=[arg for arg in container["args"] if arg.startswith("--exit-timeout-secs=")],
+    )
+
+
 @contextlib.contextmanager
 def pod(
     serving: ServingConfig,
     limits: PodLimits,
     env: dict[str, str] | None = None,
     cpu_scheduling: CpuScheduling = DEFAULT_CPU_SCHEDULING,
+    extra_args: list[str] | None = None,
 ) -> Iterator[TritonServer]:
     """A tritonserver serving `serving` (the exported model.onnx, this config) inside a pod-sized cgroup."""
     work = Path(tempfile.mkdtemp(prefix="inferop-field-"))
     write_model_repo(serving, REPO / serving.name, work / "repo")
     server = TritonServer(
-        work / "repo", http_port=free_port(), limits=limits, env=env or {}, cpu_scheduling=cpu_scheduling
+        work / "repo",
+        http_port=free_port(),
+        limits=limits,
+        env=env or {},
+        cpu_scheduling=cpu_scheduling,
+        extra_args=extra_args or [],
     )
     try:
         server.start(timeout=300)
@@ -133,9 +182,18 @@ def pod(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def one_request(serving: ServingConfig) -> np.ndarray:
-    spec = serving.inputs[0]
-    return np.random.default_rng(0).standard_normal((1, *spec.dims)).astype(np.float32)
+def one_request(serving: ServingConfig) -> dict[str, np.ndarray]:
+    """One sample of every input: floats drawn at random, integers 0 (inside any embedding table)."""
+    from tritonclient.utils import triton_to_np_dtype
+
+    rng = np.random.default_rng(0)
+    request = {}
+    for spec in serving.inputs:
+        dtype = np.dtype(triton_to_np_dtype(spec.datatype))
+        shape = (1, *spec.dims)
+        floating = np.issubdtype(dtype, np.floating)
+        request[spec.name] = rng.standard_normal(shape).astype(dtype) if floating else np.zeros(shape, dtype)
+    return request
 
 
 def closed_loop(server: TritonServer, model: str, concurrency: int, seconds: float, machine: Machine) -> Any:
@@ -174,6 +232,11 @@ def wait_out(server: TritonServer, seconds: float) -> bool:
 
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
+
+
+def at_most(value: float | None, bound: float) -> bool:
+    """A goal on a measured figure: None (nothing was measured: the max of no requests) fails it, never passes."""
+    return value is not None and value <= bound
 
 
 def describe(serving: ServingConfig, policy: CpuScheduling) -> str:

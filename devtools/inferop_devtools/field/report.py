@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 from inferop.quantity import format_bytes
-from inferop_devtools.field.pods import NETWORKS, OUT, MiB, verdict
+from inferop_devtools.field.pods import OUT, MiB, verdict
+from inferop_devtools.field.threads import LOADS, POLICIES
 
 
 def plot_drill(name: str, drill: dict[str, Any]) -> str | None:
@@ -19,44 +20,47 @@ def plot_drill(name: str, drill: dict[str, Any]) -> str | None:
 
     figure, axis = plt.subplots(figsize=(7, 4))
     if name == "threads":
-        labels = [f"{network}\n{label}" for network in NETWORKS for label in ("naive", "inferop")]
-        ratios = [
-            drill[n][label]["throughput"] / drill[n]["naive"]["throughput"]
-            for n in NETWORKS
-            for label in ("naive", "inferop")
+        networks = [network for network, _, _ in LOADS]
+        bars = [
+            (network, label, policy) for network in networks for label in ("naive", "inferop") for policy in POLICIES
         ]
-        axis.bar(labels, ratios, color=["grey", "tab:blue"] * len(NETWORKS))
-        axis.set_ylabel("throughput, naive = 1")
-        axis.set_title("4 copies with default threads against the operator's plan, 1-CPU pod")
+        base = {n: drill[n]["rows"]["naive/normal"]["throughput"] for n in networks}
+        axis.bar(
+            [f"{n}\n{label}\n{'BATCH' if p == 'batch' else 'OTHER'}" for n, label, p in bars],
+            [drill[n]["rows"][f"{label}/{p}"]["throughput"] / base[n] for n, label, p in bars],
+            color=["grey", "darkgrey", "tab:blue", "tab:cyan"] * len(networks),
+        )
+        axis.tick_params(axis="x", labelsize="x-small")
+        axis.set_ylabel("throughput, naive under SCHED_OTHER = 1")
+        axis.set_title("4 copies with default threads against the plan, each under both policies, 1-CPU pod")
     elif name == "memory":
-        for state, marker in (("idle", "o"), ("saturated", "s")):
-            rows = [row for row in drill["grid"] if row["state"] == state]
+        for key, marker, label in (("fitted", "o", "fitted on"), ("held_out", "s", "held out")):
+            rows = drill[key]
             axis.scatter(
                 [row["measured_bytes"] / MiB for row in rows], [row["estimate_bytes"] / MiB for row in rows],
-                marker=marker, label=state,
+                marker=marker, label=label,
             )  # fmt: skip
-        top = max(row["measured_bytes"] for row in drill["grid"]) / MiB * 1.1
+        top = max(row["measured_bytes"] for row in (*drill["fitted"], *drill["held_out"])) / MiB * 1.1
         axis.plot([0, top], [0, top], color="black", linewidth=0.8, label="estimate = measured")
         axis.fill_between([0, top], [0, 0.75 * top], [0, 1.25 * top], color="grey", alpha=0.2, label="+-25%")
         axis.set_xlabel("measured peak (MiB)")
         axis.set_ylabel("estimate (MiB)")
         axis.set_title("memory model against the cgroup's measured peak")
     elif name == "hang":
-        healthy = drill["stall"]["healthy"]
         for label in ("naive", "inferop"):
-            rows = drill[label]["metrics"]
+            rows = [row for row in drill[label]["metrics"] if not row.get("down")]
             axis.plot(
                 [r["t"] for r in rows],
                 [r["nv_inference_pending_request_count"] for r in rows],
                 label=f"{label}: pending",
             )
-        fired = drill["inferop"]["alert_fired_after_seconds"]
+        healthy = drill["stall"]["healthy"]
         axis.axvline(healthy, color="red", linestyle=":", label="stall begins")
-        if fired is not None:
-            axis.axvline(healthy + fired, color="black", linestyle="--", label="InferopQueueStalled fires")
+        for restart in drill["inferop"]["restarts"]:
+            axis.axvline(healthy + restart["after_stall_seconds"], color="black", linestyle="--", label="restarted")
         axis.set_xlabel("seconds")
         axis.set_ylabel("requests pending in Triton")
-        axis.set_title("a stalled model: pending requests, and the alert")
+        axis.set_title("a stalled model: pending requests, and the liveness probe's restart")
     else:
         plt.close(figure)
         return None
@@ -66,6 +70,171 @@ def plot_drill(name: str, drill: dict[str, Any]) -> str | None:
     figure.savefig(OUT / f"{name}.png", dpi=110)
     plt.close(figure)
     return f"{name}.png"
+
+
+def ms(values: dict[str, float], key: str) -> str:
+    return f"{values[key]:.0f}" if key in values else "none"
+
+
+def goal_lines(goals: list[dict[str, Any]]) -> list[str]:
+    return ["", *[f"- {verdict(g['met'])}: {g['text']}" for g in goals]]
+
+
+def threads_section(drill: dict[str, Any]) -> list[str]:
+    lines = ["", "## a. threads (field report 000)", ""]
+    lines += [
+        "| network | deployment | policy | config | samples/s | p99 ms | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for network, _, _ in LOADS:
+        row = drill[network]
+        for key, r in row["rows"].items():
+            label, policy = key.split("/")
+            name = "SCHED_BATCH" if policy == "batch" else "SCHED_OTHER"
+            lines.append(
+                f"| {network} | {label} | {name} | {r['config']} | {r['throughput']:.1f} | {r['p99_ms']:.0f} | "
+                f"{r['errors']} |"
+            )
+        threads, batch = row["threads_ratio"], row["sched_batch_ratio"]
+        lines.append(
+            f"| {network} | threads' share (plan / naive, same policy) | | SCHED_OTHER {threads['normal']:.2f}x, "
+            f"SCHED_BATCH {threads['batch']:.2f}x | | | |"
+        )
+        lines.append(
+            f"| {network} | SCHED_BATCH's share (same deployment) | | naive {batch['naive']:.2f}x, inferop "
+            f"{batch['inferop']:.2f}x | | | |"
+        )
+    lines += ["", f"Operator on the naive spec (4 instances, 1 CPU): `{drill[LOADS[0][0]]['refusal']}`"]
+    return lines + goal_lines(drill["goals"])
+
+
+def overload_section(drill: dict[str, Any]) -> list[str]:
+    lines = ["", "## b. overload (field report 001)", ""]
+    lines.append(
+        f"Inception V3 at each CPU quota; the queue bound's served share ({drill['served_share_of_capacity']:g}) was "
+        f"fitted at {', '.join(f'{q:g}' for q in drill['fitted_quotas'])} CPU, the other quotas are held out. "
+        "Capacity: closed-loop callers enough for full batches; each inferop run measures it again on its own server "
+        "just before and after its arrivals (capacity around: their mean). Served share: goodput / export's "
+        "capacity for the quota, what the bound was derived from."
+    )
+    for quota in drill["quotas"]:
+        a = quota["admission"]
+        probe = quota["liveness_probe"]
+        lines += [
+            "",
+            f"### {quota['cpus']:g} CPU ({'fitted' if quota['fitted'] else 'held out'}): {quota['limits']}",
+            "",
+            f"Export's capacity {quota['exported_capacity']:.2f} img/s, measured {quota['capacity']:.2f}; timeout "
+            f"{quota['timeout_seconds']:g} s; derived queue bound {quota['queue_bound']}; liveness probe every "
+            f"{probe['periodSeconds']} s, threshold {probe['failureThreshold']}. Admission: {a['callers']} "
+            f"closed-loop callers, {a['rejected']} of {a['calls']} calls rejected, p99 {a['p99_ms']:.0f} ms, "
+            f"{a['throughput']:.2f} img/s.",
+            "",
+            "| deployment | offered | capacity around | goodput | served share | ok p99 ms | ok max ms | rejected | "
+            "reject p99 ms | client timeouts | unfinished | peak memory | OOM kills | liveness failures | plot |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for run in quota["runs"]:
+            r, u = run["result"], run["usage"]
+            around = run["capacity_around"]
+            ratio = "" if around is None else f" ({r['goodput'] / around:.2f})"
+            probe_runs = run["liveness"]
+            failures = "" if probe_runs is None else f"{probe_runs['failures']} of {probe_runs['runs']}"
+            lines.append(
+                f"| {run['deployment']} | {run['factor']:g}x | {'' if around is None else f'{around:.2f}'} | "
+                f"{r['goodput']:.2f}{ratio} | {run['served_share_of_export']:.2f} | {ms(r['latency_ms'], 'p99')} | "
+                f"{ms(r['latency_ms'], 'max')} | {r['rejected'] + r['timed_out']} | {ms(r['reject_ms'], 'p99')} | "
+                f"{r['client_timeout']} | {r['unfinished']} | {format_bytes(float(u['memory_peak_bytes']))} | "
+                f"{u['oom_kills']} | {failures} | ![]({run['plot']}) |"
+            )
+    return lines + goal_lines(drill["goals"])
+
+
+def memory_section(drill: dict[str, Any]) -> list[str]:
+    lines = ["", "## c. memory (field reports 001, 003)", ""]
+    lines.append(
+        "Estimates from the constants in inferop/memory.py (LOCAL_RUNTIME), fitted on the first table's models; the "
+        "second table is held out (shapes and batches the fit never saw). Each point served at the derived queue "
+        "bound, measured idle and saturated. `refit`: the constants fitted again on this run's fit set."
+    )
+    for key, title in (("fitted", "Fit set"), ("held_out", "Held out")):
+        lines += [
+            "",
+            f"{title}:",
+            "",
+            "| model | inputs | instances | maxBatchSize | queue bound | state | measured | estimate | error | "
+            "refit error |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in drill[key]:
+            lines.append(
+                f"| {row['network']} | {row['inputs']} | {row['instances']} | {row['max_batch_size']} | "
+                f"{row['queue_bound']} | {row['state']} | {format_bytes(row['measured_bytes'])} | "
+                f"{format_bytes(row['estimate_bytes'])} | {row['error']:+.1%} | {row['refit_error']:+.1%} |"
+                if row.get("reached", True)
+                else f"{format_bytes(row['estimate_bytes'])} | queue never filled | not judged |"
+            )
+    worst_fit, worst_held = drill["worst_error_fitted"], drill["worst_error_held_out"]
+    lines += [
+        "",
+        f"Worst error: held out {worst_held:.1%} (refit {drill['worst_refit_error_held_out']:.1%}); on the fit set "
+        f"{worst_fit:.1%}. Refit constants: `{drill['refit']}`.",
+    ]
+    oom = drill["oom"]
+    lines += [
+        "",
+        f"OOM: the old estimate {format_bytes(oom['old_estimate'])}; a limit of {format_bytes(oom['old_limit'])} "
+        f"(twice it) under the operator now: `{oom['refusal']}`. One change per run, all under SCHED_BATCH:",
+        "",
+        "| limit | queue bound | memory pattern | survived saturation | peak | OOM kills |",
+        "|---|---|---|---|---|---|",
+    ]
+    for run in oom["runs"]:
+        usage = run.get("usage", {})
+        peak = usage.get("memory_peak_bytes")
+        lines.append(
+            f"| {format_bytes(run['limit'])} ({run['limit_label']}) | {run['queue_bound']} | "
+            f"{'on' if run['memory_pattern'] else 'off'} | {run['survived']} | "
+            f"{format_bytes(float(peak)) if peak else run.get('error', '')[:60]} | {usage.get('oom_kills', '')} |"
+        )
+    return lines + goal_lines([drill["goal"]])
+
+
+def hang_section(drill: dict[str, Any]) -> list[str]:
+    probe = drill["liveness_probe"]
+    lines = ["", "## d. hang (field report 004)", ""]
+    lines.append(
+        f"Both sides: {drill['stall']['rate']:g} req/s with no client timeout, the same alert rules "
+        f"({drill['rules']}), every execution blocked from {drill['stall']['healthy']:g} s on. inferop's pod also "
+        f"runs the rendered liveness probe (every {probe['periodSeconds']} s, threshold {probe['failureThreshold']}, "
+        f"timeout {probe['timeoutSeconds']} s) as a kubelet would: SIGTERM, SIGKILL after {drill['grace_seconds']} s, "
+        f"a fresh start; tritonserver {' '.join(drill['exit_timeout_args'])}."
+    )
+    lines += [
+        "",
+        "| deployment | outcome | alerts fired (s after the stall) | in the stalled execution |",
+        "|---|---|---|---|",
+    ]
+    for label in ("naive", "inferop"):
+        run = drill[label]
+        r = run["result"]
+        batch = run["in_flight_at_stall"]["batch"]
+        restarts = "; ".join(
+            f"restart {x['after_stall_seconds']:g} s after the stall, old server gone at {x['stopped_after_seconds']:g}"
+            f" s, ready at {x['ready_after_seconds']} s"
+            for x in run["restarts"]
+        )
+        lines.append(
+            f"| {label} | ok {r['ok']}, 503 {r['rejected'] + r['timed_out']} (503 max "
+            f"{ms(r['server_timeout_ms'], 'max')} ms), failed {r['failed']}, unfinished {r['unfinished']}"
+            f"{'; ' + restarts if restarts else ''}; serving again {run['serving_again_after_seconds']} s after the "
+            f"stall | {run['alerts_fired_after_seconds'] or 'none'} | {batch['count']} callers: {batch['kinds']}, "
+            f"ended {batch.get('ended_after_seconds')} s after the stall |"
+        )
+    return lines + goal_lines(drill["goals"])
+
+
+SECTIONS = {"threads": threads_section, "overload": overload_section, "memory": memory_section, "hang": hang_section}
 
 
 def report(results: dict[str, Any], seconds: float) -> str:
@@ -81,77 +250,7 @@ def report(results: dict[str, Any], seconds: float) -> str:
     for name, drill in results.items():
         lines.append(f"| {name} | {drill['goal']['text']} | {verdict(drill['goal']['met'])} |")
     lines += ["", *[f"![{name}]({drill['plot']})" for name, drill in results.items() if drill.get("plot")]]
-    if "threads" in results:
-        lines += ["", "## a. threads (field report 000)", "", "| network | deployment | config | samples/s | p99 ms |"]
-        lines.append("|---|---|---|---|---|")
-        for network in NETWORKS:
-            row = results["threads"][network]
-            for label in ("naive", "inferop"):
-                r = row[label]
-                lines.append(f"| {network} | {label} | {r['config']} | {r['throughput']:.1f} | {r['p99_ms']:.0f} |")
-            lines.append(f"| {network} | ratio | | {row['throughput_ratio']:.2f}x | |")
-        lines += ["", f"Operator on the naive spec (4 instances, 1 CPU): `{results['threads']['conv_net']['refusal']}`"]
-    if "overload" in results:
-        o = results["overload"]
-        lines += [
-            "",
-            "## b. overload (field report 001)",
-            "",
-            f"Inception V3, {o['limits']}; capacity {o['capacity']:.2f} img/s ({o['capacity_callers']} closed-loop "
-            "callers, so batches are full as under overload), which sets the offered rates; each inferop run "
-            "measures it again on its own server for 20 s just before and just after its arrivals (capacity "
-            "around: their mean); "
-            f"timeout {o['timeout_seconds']:g} s; derived queue bound {o['queue_bound']}.",
-            "",
-            "| deployment | offered | capacity around | goodput | ok p99 ms | ok max ms | rejected | reject p99 ms | "
-            "client timeouts | unfinished | peak memory | OOM kills | plot |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for run in o["runs"]:
-            r, u = run["result"], run["usage"]
-            around = run["capacity_around"]
-            ratio = "" if around is None else f" ({r['goodput'] / around:.2f})"
-            lines.append(
-                f"| {run['deployment']} | {run['factor']:g}x | {'' if around is None else f'{around:.2f}'} | "
-                f"{r['goodput']:.2f}{ratio} | "
-                f"{r['latency_ms'].get('p99', float('nan')):.0f} | {r['latency_ms'].get('max', float('nan')):.0f} | "
-                f"{r['rejected'] + r['timed_out']} | {r['reject_ms'].get('p99', float('nan')):.1f} | "
-                f"{r['client_timeout']} | {r['unfinished']} | {format_bytes(float(u['memory_peak_bytes']))} | "
-                f"{u['oom_kills']} | ![]({run['plot']}) |"
-            )
-        lines += ["", *[f"- {verdict(g['met'])}: {g['text']}" for g in o["goals"]]]
-    if "memory" in results:
-        m = results["memory"]
-        lines += ["", "## c. memory (field reports 001, 003)", "", "| network | instances | maxBatchSize | state | "]
-        lines[-1] += "measured | estimate | error |"
-        lines.append("|---|---|---|---|---|---|---|")
-        for row in m["grid"]:
-            lines.append(
-                f"| {row['network']} | {row['instances']} | {row['max_batch_size']} | {row['state']} | "
-                f"{format_bytes(row['measured_bytes'])} | {format_bytes(row['estimate_bytes'])} | {row['error']:+.1%} |"
-            )
-        oom = m["oom"]
-        lines += [
-            "",
-            f"Worst error {m['worst_error']:.1%}. Old estimate {format_bytes(oom['old_estimate'])}; a limit of "
-            f"{format_bytes(oom['old_limit'])} (twice it) under the operator now: `{oom['refusal']}`",
-            "",
-        ]
-        for label, run in oom["runs"].items():
-            peak = run.get("usage", {}).get("memory_peak_bytes")
-            lines.append(
-                f"- {label}: limit {format_bytes(run['limit'])}, survived saturation: {run['survived']}"
-                + (f", peak {format_bytes(float(peak))}, OOM kills {run['usage']['oom_kills']}" if peak else "")
-            )
-    if "hang" in results:
-        h = results["hang"]
-        lines += ["", "## d. hang (field report 004)", "", "| deployment | callers | outcome |", "|---|---|---|"]
-        for label in ("naive", "inferop"):
-            r = h[label]["result"]
-            lines.append(
-                f"| {label} | timeout {h[label]['caller_timeout']} | ok {r['ok']}, unfinished {r['unfinished']}, "
-                f"503 {r['rejected'] + r['timed_out']}, client timeouts {r['client_timeout']}, alert after stall: "
-                f"{h[label]['alert_fired_after_seconds']} s |"
-            )
-        lines += ["", *[f"- {verdict(g['met'])}: {g['text']}" for g in h["goals"]]]
+    for name, section in SECTIONS.items():
+        if name in results:
+            lines += section(results[name])
     return "\n".join(lines) + "\n"
