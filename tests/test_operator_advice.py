@@ -12,7 +12,8 @@ from inferop_operator.status import Condition, Status
 
 
 def failing_pods(message: str) -> Status:
-    return Status(conditions=[Condition(type="PodsHealthy", status="False", reason="CrashLoopBackOff", message=message)])
+    failing = Condition(type="PodsHealthy", status="False", reason="CrashLoopBackOff", message=message)
+    return Status(conditions=[failing])
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import pytest
 from inferop.memory import CONTAINER_RUNTIME
 from inferop.quantity import format_bytes
 from inferop_operator.builders import Service, build_deployment
+from inferop_operator.diagnosis import pod_facts
 from inferop_operator.kubeapi import ApiFailure
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
@@ -25,7 +26,6 @@ from inferop_operator.status import (
     new_advice,
     new_warnings,
     plan_status,
-    pod_facts,
     pods_condition,
     read_status,
     refused_status,

@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from inferop.errors import InferopError
 from inferop_operator.builders import CHILDREN, GATEWAY_GROUP, Service, routing_for
+from inferop_operator.diagnosis import pod_facts
 from inferop_operator.identity import (
     API_VERSION,
     CANDIDATE_SUFFIX,
@@ -54,7 +55,6 @@ from inferop_operator.status import (
     invalid_status,
     new_advice,
     new_warnings,
-    pod_facts,
     read_status,
     refused_status,
     same_condition,
@@ -586,7 +586,7 @@ async def services(uid: str, status: Any, **_: Any) -> dict[str, dict[str, Any]]
     return {uid: copy.deepcopy(dict(status or {}))}
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]
+@kopf.on.event(GROUP, VERSION, PLURAL)
 async def forget_deleted(event: kopf.RawEvent, uid: str, **_: Any) -> None:
     """A deleted service's advice is forgotten with it: a long-running operator does not keep every uid it saw."""
     if event["type"] == "DELETED":

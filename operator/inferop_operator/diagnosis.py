@@ -1,0 +1,129 @@
+"""What failing pods say and what to do about it: each pod's reported facts, and the first failure found among
+them with advice (an image that cannot be pulled, an OOM kill sized against the memory estimate, a crash loop with
+the server's last words). Pure functions over the pods index's entries; status.py turns them into PodsHealthy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+from inferop.quantity import format_bytes, parse_quantity
+from inferop_operator.identity import COMPONENT
+from inferop_operator.plan import MEMORY_MARGIN, memory_limit
+
+# The kubelet alternates these while it retries a pull: one reason for both, so the condition does not flap.
+IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff"})
+TRITON_CONTAINER = "triton"
+
+
+def pod_facts(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What the pods index keeps of a pod: to explain its failures, its name, each container's memory limit, and
+    each container's state, last termination and readiness (init containers first); for a rollout's agreement
+    check, its track (component label), IP and readiness."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    limits = {c.get("name"): ((c.get("resources") or {}).get("limits") or {}).get("memory") for c in containers}
+    states = []
+    for item in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        state, last = item.get("state") or {}, item.get("lastState") or {}
+        states.append(
+            {
+                "name": item.get("name"),
+                "image": item.get("image"),
+                "ready": bool(item.get("ready")),
+                "memoryLimit": limits.get(item.get("name")),
+                "waiting": state.get("waiting"),
+                "terminated": state.get("terminated"),
+                "lastTerminated": last.get("terminated"),
+            }
+        )
+    metadata = pod.get("metadata") or {}
+    ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    return {
+        "name": metadata.get("name"),
+        "component": (metadata.get("labels") or {}).get(COMPONENT),
+        "ip": status.get("podIP"),
+        "ready": ready.get("status") == "True",
+        "containers": states,
+    }
+
+
+class Diagnosis(NamedTuple):
+    """A failure the pods report: PodsHealthy's reason and a message that says what to do."""
+
+    reason: str
+    message: str
+
+
+def diagnose(pods: Iterable[Mapping[str, Any]], required_bytes: int | None) -> Diagnosis | None:
+    """The first failure found in the pods' reports (`pod_facts` of each), in pod name order, or None. An image that
+    cannot be pulled comes first (nothing else can run), then an OOM kill (its advice is a size, from the memory
+    estimate `required_bytes` where there is one), then a crash loop (its advice is the server's last words).
+
+    An OOM kill counts while the kubelet reports it as the container's last termination, even after the container
+    restarted and became ready: the same load kills it again. A pod of a fixed spec replaces it and clears it."""
+    failures: dict[str, list[tuple[str, str]]] = {"ImagePullFailed": [], "OOMKilled": [], "CrashLoopBackOff": []}
+    for pod in sorted(pods, key=lambda p: str(p.get("name"))):
+        for container in pod.get("containers") or []:
+            where = f"container {container.get('name')} of pod {pod.get('name')}"
+            waiting = container.get("waiting") or {}
+            ended = container.get("terminated") or container.get("lastTerminated") or {}
+            if waiting.get("reason") in IMAGE_PULL_REASONS:
+                failures["ImagePullFailed"].append((where, image_advice(where, str(container.get("image")))))
+            elif ended.get("reason") == "OOMKilled":
+                failures["OOMKilled"].append((where, oom_advice(where, container, required_bytes)))
+            elif waiting.get("reason") == "CrashLoopBackOff" or (
+                # between back-offs the kubelet restarts it: still crashing until it is ready again
+                ended and ended.get("exitCode") != 0 and not container.get("ready")
+            ):
+                failures["CrashLoopBackOff"].append((where, crash_advice(where, ended)))
+    for reason, found in failures.items():
+        if found:
+            more = f" ({len(found) - 1} more container(s) likewise)" if len(found) > 1 else ""
+            return Diagnosis(reason, found[0][1] + more)
+    return None
+
+
+def image_advice(where: str, image: str) -> str:
+    return (
+        f'{where} cannot pull image "{image}": check the image name and tag (runtime.image, or oci:// in '
+        "model.storageUri), that the registry is reachable from the nodes, and the pods' imagePullSecrets "
+        "(a private registry needs one in the service account)"
+    )
+
+
+def oom_advice(where: str, container: Mapping[str, Any], required_bytes: int | None) -> str:
+    raw_limit = container.get("memoryLimit")
+    limit = parse_quantity(raw_limit) if raw_limit else None
+    at = f"at its memory limit of {format_bytes(limit)}" if limit else "with no memory limit (the node ran out)"
+    said = f"{where} was OOM-killed {at}"
+    if container.get("name") != TRITON_CONTAINER:  # an init container, whose limit the operator fixes
+        return f"{said}: the operator sets this init container's limit; report the model directory that needs more"
+    if required_bytes is None:
+        return f"{said}: raise resources.limits.memory"
+    estimate = required_bytes
+    fits = memory_limit(estimate)
+    if limit is None or estimate >= limit:
+        return (
+            f"{said}; the memory model estimates {format_bytes(estimate)} with the queue full: set "
+            f"resources.limits.memory to {fits} (the estimate x {MEMORY_MARGIN}, as inferop export sizes it)"
+        )
+    grown = memory_limit(limit)
+    return (
+        f"{said}, above the memory model's estimate of {format_bytes(estimate)} with the queue full: the pod "
+        f"needed at least {format_bytes(limit - estimate)} ({(limit - estimate) / estimate:.0%}) more than "
+        f"estimated; raise runtime.memoryOverhead by at least that (the container's baseline is an assumption until "
+        f"measured) or set resources.limits.memory to {grown} (the limit x {MEMORY_MARGIN})"
+    )
+
+
+def crash_advice(where: str, ended: Mapping[str, Any]) -> str:
+    said = f"{where} keeps crashing (CrashLoopBackOff)"
+    if not ended:
+        return f"{said}: `kubectl logs --previous` shows why"
+    words = str(ended.get("message") or "").strip() or "no termination message"
+    return (
+        f"{said}; it last exited with code {ended.get('exitCode')} ({ended.get('reason') or 'no reason'}): "
+        f"{words}. Fix what it says (a model that does not load, a config the image's Triton rejects) or see "
+        "`kubectl logs --previous`"
+    )
