@@ -199,7 +199,10 @@ def test_the_rendered_liveness_probe_leaves_an_overloaded_server_alone(
     with TritonServer(tmp_path / "repo", http_port=free_port(), limits=limits) as server:
         capacity = run_open_loop(server.url, "conv_net", board, 2000.0, 3.0, timeout=10.0, drain=2.0).goodput
         with LivenessProber(server, kubelet.liveness_probe, tmp_path, kubelet.grace_seconds) as prober:
-            overload = run_open_loop(server.url, "conv_net", board, min(4 * capacity, 4000.0), 12.0, timeout=30.0)
+            # Every waiting caller holds a socket: at most 1,000 arrivals a second for 10 s stay well inside the
+            # process's file limit, which one busy run of this test at 4,000 a second and 30 s exhausted.
+            rate = min(4 * capacity, 1000.0)
+            overload = run_open_loop(server.url, "conv_net", board, rate, 12.0, timeout=2.5 * request_seconds)
     assert overload.rejected > 0, "not overloaded: the queue never filled"
     assert len(prober.runs) >= 12.0 / prober.period - 1
     assert prober.summary()["failures"] == 0, prober.summary()

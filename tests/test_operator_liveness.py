@@ -75,8 +75,8 @@ class TestRenderedProbe:
             "failureThreshold": 3,
         }
         command = probe["exec"]["command"]
-        assert command[:3] == ["python3", "-I", "-c"]
-        assert command[4:7] == [
+        assert command[:4] == ["python3", "-I", "-S", "-c"]
+        assert command[5:8] == [
             "http://127.0.0.1:8000/v2/health/live",
             "http://127.0.0.1:8002/metrics",
             liveness.STATE_FILE,
@@ -247,7 +247,8 @@ class TestProbeCommand:
         fake.live_status = 503
         ok, output = run_probe(fake, tmp_path / "state.json")
         assert not ok
-        assert output == "tritonserver does not answer: HTTP Error 503: Service Unavailable"
+        assert output.startswith("tritonserver does not answer: http://127.0.0.1:")
+        assert output.endswith("/v2/health/live answered 'HTTP/1.0 503 Service Unavailable'")
 
     def test_no_server_fails(self, fake: FakeTriton, tmp_path: Path) -> None:
         fake.httpd.shutdown()

@@ -35,15 +35,37 @@ STATE_FILE = "/tmp/inferop-liveness.json"
 LIVE_URL = "http://127.0.0.1:8000/v2/health/live"
 METRICS_URL = "http://127.0.0.1:8002/metrics"
 
-# Run as `python3 -I -c SCRIPT LIVE_URL METRICS_URL STATE_FILE PERIOD HTTP_TIMEOUT`. Exit 0: live; 1: not (the
+# Run as `python3 -I -S -c SCRIPT LIVE_URL METRICS_URL STATE_FILE PERIOD HTTP_TIMEOUT`. Exit 0: live; 1: not (the
 # kubelet shows the printed line in the container's events). A state older than two and a half periods (the
 # container restarted, or a run was missed) or counters that went down (a new server) start over.
+#
+# The run is charged to the pod's CPU quota, which an overloaded server spends to the last millisecond: what the
+# script costs decides how long it takes there. So no site module (-S) and no http or urllib package: a plain
+# HTTP/1.0 GET on a socket (the server closes after its answer, which is never chunked). Measured here: 20 ms of CPU
+# against 60 ms with urllib.request; on a quarter of a CPU under overload the urllib version ran past its 2 s timeout
+# in 3 of 8 runs.
 PROBE_SCRIPT = """\
-import json, os, sys, time, urllib.request
+import json, os, socket, sys, time
 live, metrics, path, period, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
-try:  # an answer other than 2xx raises too
-    urllib.request.urlopen(live, timeout=timeout).close()
-    text = urllib.request.urlopen(metrics, timeout=timeout).read().decode()
+def get(url):
+    address, _, target = url.split("//", 1)[1].partition("/")
+    host, _, port = address.partition(":")
+    with socket.create_connection((host, int(port or 80)), timeout) as connection:
+        connection.sendall(("GET /%s HTTP/1.0\\r\\nHost: %s\\r\\n\\r\\n" % (target, address)).encode())
+        chunks = []
+        while True:
+            chunk = connection.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    head, _, body = b"".join(chunks).partition(b"\\r\\n\\r\\n")
+    status = head.split(b" ", 2)[1:2]
+    if not status or not status[0].startswith(b"2"):
+        raise OSError("%s answered %r" % (url, head.split(b"\\r\\n", 1)[0].decode(errors="replace")))
+    return body.decode()
+try:
+    get(live)
+    text = get(metrics)
 except Exception as error:
     print("tritonserver does not answer: %s" % error)
     sys.exit(1)
@@ -120,6 +142,7 @@ def probe_command(check: StallCheck) -> list[str]:
     return [
         "python3",
         "-I",  # isolated: no user site, no PYTHON* variables of the image
+        "-S",  # no site module: the run's CPU is the pod's
         "-c",
         PROBE_SCRIPT,
         LIVE_URL,

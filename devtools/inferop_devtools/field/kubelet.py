@@ -3,13 +3,17 @@ as the kubelet runs it (every periodSeconds, killed after timeoutSeconds, inside
 container after failureThreshold consecutive failures (SIGTERM, SIGKILL after terminationGracePeriodSeconds, then
 a fresh start). The drills use it to show a stalled model recover without a person, and a busy one left alone.
 
-Only the addresses change: the rendered command probes 127.0.0.1:8000/8002 and keeps its state in the pod's /tmp;
-here it probes the local server's ports and keeps its state in a temporary directory.
+Only the addresses and the interpreter change: the rendered command probes 127.0.0.1:8000/8002 and keeps its state
+in the pod's /tmp; here it probes the local server's ports and keeps its state in a temporary directory, and runs on
+the interpreter that runs the drill, as the image's python3 is a binary (a `python3` on PATH may be a shim, such as
+pyenv's, a shell script that costs the pod's quota several times what the probe does).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +29,7 @@ def localized(command: list[str], server: TritonServer, state_dir: Path) -> list
     """The rendered probe command with the local server's addresses and a local state file; every value replaced
     must occur exactly once, so a change to the rendering cannot slip past unreplaced."""
     replacements = {
+        "python3": os.path.realpath(sys.executable),
         liveness.LIVE_URL: f"http://{server.url}/v2/health/live",
         liveness.METRICS_URL: server.metrics_url,
         liveness.STATE_FILE: str(state_dir / Path(liveness.STATE_FILE).name),
