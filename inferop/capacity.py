@@ -32,6 +32,18 @@ SERVED_SHARE_OF_CAPACITY = 0.8
 # (about 15 KiB measured, beyond its tensors), and for fast models Little's law allows thousands: the conv
 # net's 4,224 held 62 MiB, twelve times its weights, for no throughput. 1,024 are over a second of its work.
 MAX_DERIVED_QUEUE = 1024
+# Without a measured capacity: this many rounds of batches (instances x maxBatchSize each).
+UNKNOWN_CAPACITY_ROUNDS = 2
+
+# The derivation in words, from the constants above: the spec's field description (the CRD, `kubectl explain`) says
+# it, so no text restates a number by hand.
+QUEUE_BOUND_RULE = (
+    f"Little's law, so that the callers a pod answers within {WAIT_SHARE_OF_TIMEOUT:g} x timeouts.requestSeconds are "
+    f"admitted: capacity x {SERVED_SHARE_OF_CAPACITY:g} x requestSeconds x {WAIT_SHARE_OF_TIMEOUT:g} "
+    f"({SERVED_SHARE_OF_CAPACITY:g}: what a pod keeps of its capacity while it rejects overload), at least one batch "
+    f"(maxBatchSize), at most {MAX_DERIVED_QUEUE}"
+)
+UNKNOWN_CAPACITY_RULE = f"{UNKNOWN_CAPACITY_ROUNDS} x maxBatchSize x instances"
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,6 @@ def derive_queue_bound(
         return QueueBound(requested, "spec", capacity)
     batch_round = instances * max_batch_size
     if capacity is None:
-        return QueueBound(2 * batch_round, "unknown capacity", None)
+        return QueueBound(UNKNOWN_CAPACITY_ROUNDS * batch_round, "unknown capacity", None)
     little = math.floor(capacity * SERVED_SHARE_OF_CAPACITY * timeout_seconds * WAIT_SHARE_OF_TIMEOUT)
     return QueueBound(max(max_batch_size, min(MAX_DERIVED_QUEUE, little)), "capacity", capacity)

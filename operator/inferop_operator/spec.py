@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from inferop.capacity import QUEUE_BOUND_RULE, UNKNOWN_CAPACITY_RULE
 from inferop.errors import InferopError
 from inferop.processing import Processing
 from inferop.quantity import QUANTITY_PATTERN, parse_quantity
@@ -276,12 +277,9 @@ class Batching(Section):
         ge=1,
         le=1_000_000,
         description=(
-            "Requests queued per model before new ones are rejected. Unset: derived by Little's law so that the "
-            "callers a pod answers within half of timeouts.requestSeconds are admitted: capacity x 0.8 x "
-            "requestSeconds / 2 (0.8: what a pod keeps of its capacity while it rejects overload), at least one "
-            "batch, at most 1024, capacity being "
-            "model.profile.samplesPerCpuSecond x the CPUs the threads use; requests are taken as one sample "
-            "each. With no measured capacity: 2 x maxBatchSize x instances, and the status warns."
+            f"Requests queued per model before new ones are rejected. Unset: derived by {QUEUE_BOUND_RULE}, "
+            "capacity being model.profile.samplesPerCpuSecond x the CPUs the threads use; requests are taken as one "
+            f"sample each. With no measured capacity: {UNKNOWN_CAPACITY_RULE}, and the status warns."
         ),
     )
 
