@@ -33,7 +33,7 @@ from inferop_export.profile import ModelProfile, profile_onnx
 from inferop_export.signature import Signature, read_signature
 from inferop_export.sources import Inputs, OnnxFile, TorchModule
 from inferop_operator.plan import plan_service
-from inferop_operator.spec import GPU_RESOURCE, InferenceServiceSpec, Serving, parse_spec
+from inferop_operator.spec import GPU_RESOURCE, InferenceServiceSpec, Model, Profile, Serving, Tensor, parse_spec
 
 PARITY_BATCHES = (1, 8)
 LABELS_FILENAME = "labels.txt"
@@ -189,19 +189,15 @@ def export_model(
     spec = parse_spec(
         {
             **serving.model_dump(by_alias=True, exclude_unset=True),
-            "model": {
-                "name": source.name,
-                "storageUri": storage_uri or f"hostpath://{model_dir.resolve()}",
-                "profile": profile.as_spec(),
-                "weights": source.weights,
-                "inputs": [tensor_fields(t) for t in signature.inputs],
-                "outputs": [tensor_fields(t) for t in outputs],
-                **(
-                    {"processing": source.processing.model_dump(by_alias=True, exclude_none=True)}
-                    if source.processing
-                    else {}
-                ),
-            },
+            "model": Model(
+                name=source.name,
+                storage_uri=storage_uri or f"hostpath://{model_dir.resolve()}",
+                profile=Profile.model_validate(profile.as_spec()),
+                weights=source.weights,
+                inputs=[Tensor.of(t) for t in signature.inputs],
+                outputs=[Tensor.of(t) for t in outputs],
+                processing=source.processing,
+            ).model_dump(by_alias=True, exclude_none=True),
             "resources": {"limits": {"cpu": local_cpus(), **({GPU_RESOURCE: 1} if gpu_memory else {})}},
             **({"gpu": {"memory": gpu_memory}} if gpu_memory else {}),
         }
@@ -344,11 +340,3 @@ def measure_capacity(
 
 def _profile_shapes(signature: Signature) -> dict[str, list[int]]:
     return {tensor.name: signature.shape(tensor, 1) for tensor in signature.inputs}
-
-
-def tensor_fields(tensor: Any) -> dict[str, Any]:
-    """A tensor as a spec's `model.inputs` / `model.outputs` entry spells it."""
-    fields: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "dims": list(tensor.dims)}
-    if tensor.label_filename:
-        fields["labelFilename"] = tensor.label_filename
-    return fields

@@ -346,20 +346,17 @@ class TritonTrials:
 
 def tuned_spec(serving: ServingConfig, model_dir: Path, cpus: float, profile: dict[str, Any]) -> InferenceServiceSpec:
     """The InferenceService spec that renders `serving` on a pod with `cpus`: what the manifest holds."""
-    from inferop_export.exporter import tensor_fields
-    from inferop_operator.spec import parse_spec
+    from inferop_operator.spec import Model, Profile, Tensor, parse_spec
 
-    model: dict[str, Any] = {
-        "name": serving.name,
-        "storageUri": f"hostpath://{model_dir.resolve()}",
-        "profile": profile,
-        "inputs": [tensor_fields(t) for t in serving.inputs],
-        "outputs": [tensor_fields(t) for t in serving.outputs],
-    }
-    if serving.weights is not None:
-        model["weights"] = serving.weights
-    if serving.processing is not None:
-        model["processing"] = serving.processing.model_dump(by_alias=True, exclude_none=True)
+    model = Model(
+        name=serving.name,
+        storage_uri=f"hostpath://{model_dir.resolve()}",
+        profile=Profile.model_validate(profile),
+        weights=serving.weights,
+        inputs=[Tensor.of(t) for t in serving.inputs],
+        outputs=[Tensor.of(t) for t in serving.outputs],
+        processing=serving.processing,
+    )
     batching: dict[str, Any] = {
         "maxBatchSize": serving.max_batch_size,
         "maxQueueDelayMicroseconds": serving.max_queue_delay_microseconds,
@@ -367,7 +364,7 @@ def tuned_spec(serving: ServingConfig, model_dir: Path, cpus: float, profile: di
     if serving.max_queue_size is not None:
         batching["maxQueueSize"] = serving.max_queue_size
     raw: dict[str, Any] = {
-        "model": model,
+        "model": model.model_dump(by_alias=True, exclude_none=True),
         "instances": serving.instances,
         "threads": {"intraOp": serving.intra_op_threads, "interOp": serving.inter_op_threads},
         "batching": batching,

@@ -124,6 +124,13 @@ class Tensor(Section):
             name=self.name, datatype=self.datatype, dims=tuple(self.dims), label_filename=self.label_filename
         )
 
+    @classmethod
+    def of(cls, tensor: TensorSpec) -> Tensor:
+        """The entry for a tensor as export and tune found it: the inverse of as_tensor_spec."""
+        return cls(
+            name=tensor.name, datatype=tensor.datatype, dims=list(tensor.dims), label_filename=tensor.label_filename
+        )
+
 
 class Model(Section):
     """What to serve and where it is stored."""

@@ -35,7 +35,8 @@ from inferop_operator.identity import COMPONENT, INSTANCE, MANAGED, label_select
 log = logging.getLogger(__name__)
 Json = dict[str, Any]
 MANAGED_LABEL, MANAGED_VALUE = next(iter(MANAGED.items()))
-COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure")
+# Requests answered and failed, and the time they spent in Triton (queue and compute, cumulative microseconds).
+COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_request_duration_us")
 
 
 def played_stages(workdir: Path) -> list[Path]:
@@ -212,8 +213,8 @@ class TritonPods:
         return entries
 
     def counts(self, model: str) -> dict[str, dict[str, float]]:
-        """Each serving pod's requests as Triton counts them (successes, failures) since it became ready (its
-        model's warm-up requests left out), read off its metrics port."""
+        """Each serving pod's requests as Triton counts them (successes, failures, time in the server) since it
+        became ready (its model's warm-up requests left out), read off its metrics port."""
         found = {}
         for name, server in list(self.servers.items()):
             try:
