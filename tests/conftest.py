@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny conv net's sizes, Inception built once, and the real tritonserver.
+"""Shared fixtures: Inception built once, the exported repository and the real tritonserver (what they share
+beyond fixtures lives in tests/helpers.py).
 
 The expensive things (building Inception, exporting it, starting tritonserver) happen once per session;
 fixtures for them skip with a reason that says how to get what is missing.
@@ -6,52 +7,12 @@ fixtures for them skip with a reason that says how to get what is missing.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-T = TypeVar("T")
-
-# A policy/value net small enough to export in a couple of seconds.
-TINY = {"rows": 6, "cols": 5, "depth": 2, "hidden": 8, "moves": 5}
-
-# Serving settings of the integration repository, as an InferenceService spec spells them. The queue delay is
-# long enough that concurrent batch-1 requests meet in the dynamic batcher; one instance each, so a long
-# request keeps the model busy.
-SERVING: dict[str, dict[str, Any]] = {
-    "conv_net": {
-        "instances": 1,
-        "threads": {"intraOp": 1, "interOp": 1},
-        "batching": {"maxBatchSize": 8, "maxQueueDelayMicroseconds": 20_000, "maxQueueSize": 32},
-        "timeouts": {"requestSeconds": 5.0},
-    },
-    "inception_v3": {
-        "instances": 1,
-        "threads": {"intraOp": 2, "interOp": 1},
-        "batching": {"maxBatchSize": 8, "maxQueueDelayMicroseconds": 20_000, "maxQueueSize": 16},
-        "timeouts": {"requestSeconds": 10.0},
-    },
-}
-
-SERVE_EXTRA = "install the serving extra: .venv/bin/pip install -e '.[serve]' (or make install)"
-NO_GPU = "no NVIDIA GPU with onnxruntime-gpu's CUDA provider here: scripts/gpu-check.sh runs the gpu tier"
-EXPORT_EXTRA = "install the export distribution (torch, ONNX): .venv/bin/pip install -e ./export (or make install)"
-
-
-def wait_for(probe: Callable[[], T | None], timeout: float = 20.0, what: str = "condition", interval: float = 0.1) -> T:
-    """Poll `probe` until it returns something truthy; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what} (last: {result!r})")
-        time.sleep(interval)
+from tests.helpers import EXPORT_EXTRA, SERVE_EXTRA, SERVING, TINY, ExportedRepo, RunningServer
 
 
 @pytest.fixture(scope="session")
@@ -61,15 +22,6 @@ def inception_network() -> Any:
     from inferop_export.networks.inception_v3 import inception_v3
 
     return inception_v3()
-
-
-@dataclass(frozen=True)
-class ExportedRepo:
-    path: Path
-    reports: dict[str, Any]  # model name -> inferop_export.exporter.ExportReport
-
-    def model_path(self, model: str) -> Path:
-        return Path(self.reports[model].model_path)
 
 
 @pytest.fixture(scope="session")
@@ -87,16 +39,6 @@ def model_repo(tmp_path_factory: pytest.TempPathFactory, inception_network: Any)
         ),
     }
     return ExportedRepo(path=repo, reports=reports)
-
-
-@dataclass(frozen=True)
-class RunningServer:
-    server: Any  # inferop.serving.tritonserver.TritonServer
-    initial_statistics: dict[str, dict[str, Any]]  # per model, read right after the server became ready
-
-    @property
-    def url(self) -> str:
-        return str(self.server.url)
 
 
 @pytest.fixture(scope="session")

@@ -42,7 +42,7 @@ def admission_rules(*rules: tuple[str, str]) -> ConfigDict:
     """A model_validator's check again as CEL (rule, messageExpression) in the model's CRD schema node, so that an
     apiserver that evaluates them refuses the object at `kubectl apply` with the validator's own words; 1.20 drops
     them and the operator's Valid condition says the same. Only rules CEL states exactly belong here: the tests
-    evaluate each against samples the validator refuses (tests/test_crd.py).
+    evaluate each against samples the validator refuses (tests/operator/test_crd.py).
 
     Messages are built with format(), not `+`: the apiserver estimates `'...' + string(int)` (or a join()) as
     unbounded and refuses the whole CRD for its cost (kubernetes/kubernetes#124234)."""

@@ -8,18 +8,12 @@ its Pods stay Pending unless a test writes into their status what a kubelet woul
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from inferop.paths import repo_root
 from inferop_devtools.cluster.addons import Kwok, addon_binaries
 from inferop_devtools.cluster.controlplane import (
     KUBERNETES_RELEASES,
@@ -29,30 +23,8 @@ from inferop_devtools.cluster.controlplane import (
     kube_binaries,
 )
 from inferop_devtools.cluster.tools import kube_tools
-from tests.conftest import wait_for
-
-REPO = repo_root()
-CRD_DIR = REPO / "charts" / "inferop" / "crds"
-EXAMPLES = REPO / "operator" / "examples"
-RESYNC_SECONDS = 2
-# The HPA the operator writes, as each release serves it (asserted, not assumed): 1.20 serves autoscaling/v2beta2
-# only (v2 came in 1.23), the current release v2 only (v2beta2 went in 1.26).
-AUTOSCALING = {
-    "1.20": "horizontalpodautoscalers.v2beta2.autoscaling",
-    "1.37": "horizontalpodautoscalers.v2.autoscaling",
-}
-# Likewise the PodDisruptionBudget: policy/v1beta1 on 1.20 (v1 came in 1.21), policy/v1 on the current release.
-DISRUPTION_BUDGET = {"1.20": "poddisruptionbudgets.v1beta1.policy", "1.37": "poddisruptionbudgets.v1.policy"}
-# What status.threads says for operator/examples/conv-net.yaml: 2 CPUs shared by 2 instances.
-CONV_NET_THREADS = {
-    "cpus": 2,
-    "cpuSource": "limit",
-    "instances": 2,
-    "intraOp": 1,
-    "interOp": 1,
-    "summary": "2x(1+1)/2cpu",
-}
-
+from tests.helpers import wait_for
+from tests.kube.helpers import CRD_DIR, GATEWAY_API, RESYNC_SECONDS, Kubectl, OperatorRunner, runs_pods
 
 # Figures a test measured on the way (e.g. how long a scale took), printed at the end of the run: a print would go
 # to the operator's runner, which captures the standard streams while it runs.
@@ -70,36 +42,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def measured(request: pytest.FixtureRequest) -> Callable[[str], None]:
     """Record a figure for the run's summary, under the test's id."""
     return lambda line: MEASURED.append(f"{request.node.nodeid.split('::')[-1]}: {line}")
-
-
-class Kubectl:
-    """The real kubectl against the test cluster; JSON in, JSON out."""
-
-    def __init__(self, kubeconfig: Path, tools: Path, binary: Path | None = None):
-        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
-        self.binary = str(binary or tools / "kubectl")
-
-    def run(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [self.binary, *args], env=self.env, capture_output=True, text=True, input=stdin, timeout=60
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
-        return result
-
-    def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
-        result = self.run("get", kind, name, "-n", namespace, "-o", "json", check=False)
-        if result.returncode != 0:
-            if "NotFound" in result.stderr:
-                return None
-            raise AssertionError(result.stderr)
-        return dict(json.loads(result.stdout))
-
-    def apply(self, namespace: str, *paths: Path) -> subprocess.CompletedProcess[str]:
-        args = ["apply", "-n", namespace]
-        for path in paths:
-            args += ["-f", str(path)]
-        return self.run(*args, check=False)
 
 
 @pytest.fixture(scope="session", params=list(KUBERNETES_RELEASES.values()), ids=lambda release: release.name)
@@ -144,11 +86,6 @@ def kwok(
         yield kubelet
 
 
-def runs_pods(kubernetes: KubernetesRelease) -> bool:
-    """Whether Pods run on this release's test cluster (kwok), or stay Pending (1.20)."""
-    return "kube-scheduler" in kubernetes.components
-
-
 @pytest.fixture(scope="session")
 def kubectl(control_plane: ControlPlane, kubernetes: KubernetesRelease, kwok: Kwok | None) -> Kubectl:
     # kubectl supports a server one minor version away: the current release brings its own, 1.20 takes the one
@@ -163,30 +100,6 @@ def kubectl(control_plane: ControlPlane, kubernetes: KubernetesRelease, kwok: Kw
     return tool
 
 
-class OperatorRunner:
-    """The operator under kopf's test runner, watching all namespaces; restartable."""
-
-    ARGS = ("run", "--standalone", "--all-namespaces", "-m", "inferop_operator.handlers")
-
-    def __init__(self) -> None:
-        from kopf.testing import KopfRunner
-
-        self._factory = lambda: KopfRunner(list(self.ARGS), timeout=60)
-        self.runner: Any = None
-
-    def start(self) -> None:
-        self.runner = self._factory()
-        self.runner.__enter__()
-
-    def stop(self) -> None:
-        self.runner.__exit__(None, None, None)
-        assert self.runner.exception is None, self.runner.exception
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-
 @pytest.fixture(scope="session")
 def operator(kubectl: Kubectl, control_plane: ControlPlane) -> Iterator[OperatorRunner]:
     os.environ["KUBECONFIG"] = str(control_plane.kubeconfig)
@@ -195,9 +108,6 @@ def operator(kubectl: Kubectl, control_plane: ControlPlane) -> Iterator[Operator
     runner.start()
     yield runner
     runner.stop()
-
-
-GATEWAY_API = "gateway.networking.k8s.io"
 
 
 @pytest.fixture(scope="session")
@@ -218,24 +128,3 @@ def namespace(kubectl: Kubectl) -> Iterator[str]:
     kubectl.run("create", "namespace", name)
     yield name
     kubectl.run("delete", "namespace", name, "--wait=false", check=False)
-
-
-def condition(service: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
-    return next((c for c in ((service or {}).get("status") or {}).get("conditions", []) if c["type"] == kind), None)
-
-
-def env_of(deployment: dict[str, Any]) -> dict[str, str]:
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    return {e["name"]: e["value"] for e in container["env"]}
-
-
-def manifest(name: str, **spec: Any) -> str:
-    """An InferenceService of the small example network, with `spec` fields laid over it."""
-    base = yaml.safe_load((EXAMPLES / "conv-net.yaml").read_text())
-    base["metadata"]["name"] = name
-    base["spec"].update(spec)
-    return yaml.safe_dump(base)
-
-
-def apply_text(kubectl: Kubectl, namespace: str, text: str) -> None:
-    kubectl.run("apply", "-n", namespace, "-f", "-", stdin=text)

@@ -1,7 +1,7 @@
-"""Admission of an InferenceService the spec model refuses: the CRD's CEL rules (tests/test_crd.py) refuse it at
-`kubectl apply` on a release that evaluates them, in the model's words; on one that predates them (1.20: the
-apiserver drops x-kubernetes-validations from the CRD) the object is stored and the operator says the same in
-its Valid condition."""
+"""Admission of an InferenceService the spec model refuses: the CRD's CEL rules (tests/operator/test_crd.py) refuse it
+at `kubectl apply` on a release that evaluates them, in the model's words; on one that predates them (1.20: the
+apiserver drops x-kubernetes-validations from the CRD) the object is stored and the operator says the same in its
+Valid condition."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import yaml
 
 from inferop_devtools.cluster.controlplane import KubernetesRelease
 from inferop_operator.spec import SpecError, parse_spec
-from tests.kube.conftest import EXAMPLES, Kubectl, wait_for
+from tests.helpers import wait_for
+from tests.kube.helpers import EXAMPLES, Kubectl
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("operator")]
 

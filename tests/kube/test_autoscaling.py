@@ -30,8 +30,8 @@ from inferop_devtools.cluster.controlplane import ControlPlane
 from inferop_devtools.prometheus import Prometheus, render_chart
 from inferop_operator.builders import POD_METRICS
 from inferop_operator.identity import INSTANCE, label_selector
-from tests.conftest import SERVE_EXTRA
-from tests.kube.conftest import Kubectl, apply_text, manifest, wait_for
+from tests.helpers import SERVE_EXTRA, wait_for
+from tests.kube.helpers import Kubectl, apply_text, manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("operator")]
 

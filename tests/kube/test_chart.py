@@ -21,8 +21,9 @@ from inferop_devtools.cluster.tools import kube_tools
 from inferop_operator.builders import CHILDREN, GATEWAY_GROUP
 from inferop_operator.cli import STOP_BOUND_SECONDS
 from inferop_operator.identity import GROUP, PLURAL
-from tests.kube.conftest import REPO, Kubectl, runs_pods, wait_for
-from tests.test_operator_pod_security import restricted_violations
+from tests.helpers import wait_for
+from tests.kube.helpers import REPO, Kubectl, runs_pods
+from tests.operator.test_operator_pod_security import restricted_violations
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,8 @@ from inferop.quantity import format_bytes
 from inferop.tritonconfig import parse_model_config
 from inferop_devtools.cluster.controlplane import KubernetesRelease
 from inferop_operator.identity import CONFIG_HASH_ANNOTATION, INSTANCE, label_selector
-from tests.kube.conftest import (
+from tests.helpers import wait_for
+from tests.kube.helpers import (
     AUTOSCALING,
     CONV_NET_THREADS,
     EXAMPLES,
@@ -27,7 +28,6 @@ from tests.kube.conftest import (
     env_of,
     manifest,
     runs_pods,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("operator")]
@@ -716,8 +716,8 @@ def _pod_of(kubectl: Kubectl, namespace: str, instance: str) -> str | None:
 class TestPodSecurity:
     """A namespace that enforces the "restricted" Pod Security Standard: the current release's PodSecurity
     admission admits the operator's Triton pods and refuses a privileged pod; 1.20 has no such admission, and the
-    same label lets anything in (the rendered pods are held to the standard by tests/test_operator_pod_security.py
-    there)."""
+    same label lets anything in (the rendered pods are held to the standard there by
+    tests/operator/test_operator_pod_security.py)."""
 
     def test_triton_pods_are_admitted_and_a_privileged_pod_is_not(
         self, kubectl: Kubectl, kubernetes: KubernetesRelease

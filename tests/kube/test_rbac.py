@@ -28,7 +28,8 @@ import yaml
 from inferop_devtools.cluster.controlplane import ControlPlane, KubernetesRelease, free_ports
 from inferop_devtools.cluster.tools import kube_tools
 from inferop_operator.identity import CRD_NAME
-from tests.kube.conftest import (
+from tests.helpers import wait_for
+from tests.kube.helpers import (
     AUTOSCALING,
     CONV_NET_THREADS,
     DISRUPTION_BUDGET,
@@ -36,7 +37,6 @@ from tests.kube.conftest import (
     GATEWAY_API,
     Kubectl,
     OperatorRunner,
-    wait_for,
 )
 from tests.kube.test_chart import CHART, Helm
 

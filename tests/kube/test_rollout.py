@@ -1,10 +1,8 @@
-"""Rollouts on the real control plane, without a data plane (tests/test_rollout_dataplane.py has one): a changed
-spec runs as a candidate beside the stable pods, which it never replaces unasked; header matches and mirroring are
-refused without a gateway; with Gateway API's CRDs (1.37) the operator's HTTPRoute is what their schema admits, and
-a Gateway that does not exist is named.
-
-Pods run on kwok (1.37) at loopback addresses where nothing serves: the agreement check cannot reach them, so a
-candidate waits at its agreement and no traffic ever moves."""
+"""Rollouts on the real control plane, without a data plane (tests/devtools/test_rollout_dataplane.py has one): a
+changed spec runs as a candidate beside the stable pods, which it never replaces unasked; header matches and
+mirroring are refused without a gateway; with Gateway API's CRDs (1.37) the operator's HTTPRoute is what their schema
+admits, and a Gateway that does not exist is named. Pods run on kwok (1.37) at loopback addresses where nothing
+serves: the agreement check cannot reach them, so a candidate waits at its agreement and no traffic ever moves."""
 
 from __future__ import annotations
 
@@ -15,7 +13,8 @@ import pytest
 import yaml
 
 from inferop_devtools.cluster.controlplane import KubernetesRelease
-from tests.kube.conftest import GATEWAY_API, Kubectl, apply_text, condition, manifest, runs_pods, wait_for
+from tests.helpers import wait_for
+from tests.kube.helpers import GATEWAY_API, Kubectl, apply_text, condition, manifest, runs_pods
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("operator")]
 ROLLOUT = {"steps": [50, 100], "stepSeconds": 5}

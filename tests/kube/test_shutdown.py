@@ -19,7 +19,8 @@ import pytest
 from inferop_devtools.cluster.controlplane import ClusterError, ControlPlane, kube_binaries, process_running
 from inferop_devtools.cluster.tools import kube_tools
 from inferop_operator.cli import STOP_BOUND_SECONDS
-from tests.kube.conftest import CRD_DIR, EXAMPLES, Kubectl, wait_for
+from tests.helpers import wait_for
+from tests.kube.helpers import CRD_DIR, EXAMPLES, Kubectl
 
 pytestmark = pytest.mark.integration
 

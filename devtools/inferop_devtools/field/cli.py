@@ -61,7 +61,7 @@ def main() -> int:
         results[name] = DRILLS[name](machine)
         results[name]["plot"] = plot_drill(name, results[name])
         (OUT / f"{name}.json").write_text(json.dumps(results[name], indent=2, default=str))
-    if "memory" in results:  # the points tests/test_memory.py holds the constants to (tests/data/)
+    if "memory" in results:  # the points tests/core/test_memory.py holds the constants to (tests/data/)
         (OUT / "memory-points.json").write_text(json.dumps(measured_points(results["memory"]), indent=1))
     if args.calibrate and "memory" in results:
         constants = calibrate(results["memory"]["fitted"], f"make field's fit set, {time.strftime('%Y-%m-%d')}")

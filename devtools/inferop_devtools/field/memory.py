@@ -238,7 +238,7 @@ def calibrate(grid: list[dict[str, Any]], note: str) -> dict[str, Any]:
 
 def measured_points(drill: dict[str, Any]) -> list[dict[str, Any]]:
     """Each measured peak with what the estimate needs (the model's costs, the shape, idle or saturated) and the
-    set it belongs to, left out where saturation never filled the queue: the data tests/test_memory_measured.py
+    set it belongs to, left out where saturation never filled the queue: the data tests/core/test_memory_measured.py
     checks the constants against (tests/data/memory_measured.json)."""
     keys = ("network", "model", "instances", "max_batch_size", "queue_bound", "state", "measured_bytes")
     return [

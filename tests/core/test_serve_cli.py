@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SERVE_EXTRA, ExportedRepo, wait_for
+from tests.helpers import SERVE_EXTRA, ExportedRepo, wait_for
 
 pytestmark = pytest.mark.integration
 

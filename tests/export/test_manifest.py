@@ -13,9 +13,9 @@ from inferop.memory import CONTAINER_RUNTIME
 from inferop.processing import Processing
 from inferop.quantity import parse_quantity
 from inferop.tritonconfig import ServingConfig, parse_model_config, render_model_config
-from inferop_export.manifest import MEMORY_MARGIN, build_manifest, write_manifest
+from inferop_export.manifest import build_manifest, write_manifest
 from inferop_operator.identity import API_VERSION
-from inferop_operator.plan import plan_service
+from inferop_operator.plan import MEMORY_MARGIN, plan_service
 from inferop_operator.spec import InferenceServiceSpec, SpecError, parse_spec
 
 BOARD = {"name": "board", "dims": [1, 8, 7]}

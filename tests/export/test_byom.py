@@ -18,7 +18,7 @@ from inferop.tritonconfig import parse_model_config
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
 from tests import user_models
-from tests.conftest import SERVE_EXTRA
+from tests.helpers import SERVE_EXTRA
 
 pytest.importorskip("torch", reason="install the export distribution: make install")
 

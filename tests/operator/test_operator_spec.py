@@ -12,7 +12,7 @@ from inferop_operator.identity import API_VERSION
 from inferop_operator.spec import InferenceServiceSpec, SpecError, parse_spec
 from tests.specs import MODEL, raw_spec
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "operator" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "operator" / "examples"
 
 
 def with_model(**fields: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from inferop.processing import Processing
 from inferop.tritonconfig import TensorSpec
 from inferop_operator.agreement import AgreementError, compare_revisions, infer
 from inferop_operator.spec import parse_spec
-from tests.conftest import SERVING, TINY, ExportedRepo, RunningServer
+from tests.helpers import SERVING, TINY, ExportedRepo, RunningServer
 
 OUTPUTS = (TensorSpec(name="policy", dims=(7,)), TensorSpec(name="value", dims=(1,)))
 

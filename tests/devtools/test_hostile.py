@@ -28,7 +28,7 @@ from inferop_devtools.drills.hostile import (
     parse_status,
     response_complete,
 )
-from tests.conftest import EXPORT_EXTRA, SERVE_EXTRA, SERVING, TINY
+from tests.helpers import EXPORT_EXTRA, SERVE_EXTRA, SERVING, TINY
 
 MODEL = Model(name="conv_net", input="board", datatype="FP32", dims=(1, 6, 5), max_batch_size=8,
               outputs=("policy", "value"))  # fmt: skip

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import SERVING, ExportedRepo, RunningServer, wait_for
+from tests.helpers import SERVING, ExportedRepo, RunningServer, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """The peak estimate: every term by hand with round constants, each scales with what it should, saturated and
 idle differ by the tensors in flight, and the explanation shows the arithmetic a user checks the memory limit
 against. Whether the local runtime's constants predict real peaks is checked against the kernel's measurements:
-tests/test_memory_measured.py."""
+tests/core/test_memory_measured.py."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from inferop.openloop import (
     run_open_loop,
     summarise,
 )
-from tests.conftest import SERVING, ExportedRepo, RunningServer, wait_for
+from tests.helpers import SERVING, ExportedRepo, RunningServer, wait_for
 
 
 class TestArrivalTimes:

@@ -13,7 +13,7 @@ import pytest
 from inferop_devtools.prometheus import Prometheus
 from inferop_operator.analysis import PrometheusUnreachable, series_label, track_window
 from inferop_operator.identity import COMPONENT, INSTANCE
-from tests.conftest import TINY, RunningServer, wait_for
+from tests.helpers import TINY, RunningServer, wait_for
 
 pytestmark = pytest.mark.integration
 CANDIDATE_POD = {

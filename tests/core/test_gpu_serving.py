@@ -15,7 +15,7 @@ import pytest
 
 from inferop.quantity import format_bytes, parse_quantity
 from inferop.serving.gpu import local_gpu, process_group_device_memory
-from tests.conftest import NO_GPU, SERVING, TINY
+from tests.helpers import NO_GPU, SERVING, TINY
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not local_gpu(), reason=NO_GPU)]
 

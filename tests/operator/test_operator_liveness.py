@@ -17,7 +17,7 @@ import pytest
 
 from inferop_operator import liveness
 from inferop_operator.builders import build_deployment
-from tests.test_operator_builders import make_service, raw_spec, triton_container
+from tests.operator.test_operator_builders import make_service, raw_spec, triton_container
 
 
 class TestStallCheck:

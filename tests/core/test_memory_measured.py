@@ -17,7 +17,7 @@ import pytest
 
 from inferop.memory import LOCAL_RUNTIME, ModelCosts, ServingShape, estimate_memory
 
-DATA = json.loads((Path(__file__).parent / "data" / "memory_measured.json").read_text())
+DATA = json.loads((Path(__file__).parents[1] / "data" / "memory_measured.json").read_text())
 # The estimate's stated accuracy: manifests size the limit at the estimate x 1.25 (plan.MEMORY_MARGIN).
 MARGIN = 0.25
 

@@ -44,7 +44,7 @@ from inferop_operator.rollout import RolloutStatus, Traffic
 from inferop_operator.spec import GatewayRef, SpecError, parse_spec
 from tests import specs
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "operator" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "operator" / "examples"
 IMAGE = "nvcr.io/nvidia/tritonserver:24.08-py3"
 UID = "7d5c6a1e-0000-4000-8000-000000000001"
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -165,7 +165,7 @@ class TestDeployment:
 
     def test_health_probes(self) -> None:
         container = triton_container(build_deployment(make_service(raw_spec())))
-        # Liveness is an exec probe that also checks /v2/health/live (tests/test_operator_liveness.py).
+        # Liveness is an exec probe that also checks /v2/health/live (tests/operator/test_operator_liveness.py).
         assert "/v2/health/live" in " ".join(container["livenessProbe"]["exec"]["command"])
         assert container["readinessProbe"]["httpGet"] == {
             "path": "/v2/health/ready",

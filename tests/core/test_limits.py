@@ -30,7 +30,7 @@ from inferop.limits import (
     parse_cpu_list,
     parse_mounts,
 )
-from tests.conftest import EXPORT_EXTRA, SERVE_EXTRA, SERVING, TINY, wait_for
+from tests.helpers import EXPORT_EXTRA, SERVE_EXTRA, SERVING, TINY, wait_for
 
 MiB = 2**20
 CGROUPS = cgroup_unavailable_reason()

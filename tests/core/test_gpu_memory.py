@@ -9,7 +9,7 @@ import pytest
 
 from inferop.memory import GPU_RUNTIME, ModelCosts, ServingShape, estimate_memory
 from inferop.serving.gpu import local_gpu
-from tests.conftest import NO_GPU, ExportedRepo
+from tests.helpers import NO_GPU, ExportedRepo
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not local_gpu(), reason=NO_GPU)]
 

@@ -21,7 +21,7 @@ from inferop_operator.rollout import AgreementStatus, AnalysisStatus, OutputAgre
 from inferop_operator.spec import SpecError, parse_spec
 from inferop_operator.status import Status, deployed_status
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "operator" / "examples"
 CHART_CRDS = ROOT / "charts" / "inferop" / "crds"
 

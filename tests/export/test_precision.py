@@ -27,7 +27,7 @@ from inferop_export.precision import (
 )
 from inferop_export.signature import Signature
 from inferop_export.sources import OnnxFile
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 # A gate any int8 rendering of the tiny net passes, to follow a passing export to the end.
 LENIENT = Gate(top1=("policy",), min_agreement=0.5, max_abs_diff={"value": 100.0})

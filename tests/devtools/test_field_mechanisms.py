@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from inferop.limits import PodLimits, cgroup_unavailable_reason
-from tests.conftest import ExportedRepo, wait_for
+from tests.helpers import ExportedRepo, wait_for
 
 CGROUPS = cgroup_unavailable_reason()
 

@@ -34,7 +34,7 @@ from inferop_export.tune import (
     thread_layouts,
     tuned_spec,
 )
-from tests.conftest import SERVE_EXTRA, ExportedRepo, wait_for
+from tests.helpers import SERVE_EXTRA, ExportedRepo, wait_for
 
 INFEROP = Path(sys.executable).with_name("inferop")
 

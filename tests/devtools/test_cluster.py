@@ -39,7 +39,7 @@ from inferop_devtools.cluster.controlplane import (
     process_running,
     scheduler_command,
 )
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 BIN = Path("/opt/kube/bin")
 LAYOUT = Layout(Path("/state"))

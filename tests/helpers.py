@@ -1,0 +1,70 @@
+"""What the tests share beyond fixtures: the tiny conv net's sizes, the integration repository's serving settings,
+the exported repository and running server the fixtures hand out, and a poller that fails naming what it waited for."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+# A policy/value net small enough to export in a couple of seconds.
+TINY = {"rows": 6, "cols": 5, "depth": 2, "hidden": 8, "moves": 5}
+
+# Serving settings of the integration repository, as an InferenceService spec spells them. The queue delay is
+# long enough that concurrent batch-1 requests meet in the dynamic batcher; one instance each, so a long
+# request keeps the model busy.
+SERVING: dict[str, dict[str, Any]] = {
+    "conv_net": {
+        "instances": 1,
+        "threads": {"intraOp": 1, "interOp": 1},
+        "batching": {"maxBatchSize": 8, "maxQueueDelayMicroseconds": 20_000, "maxQueueSize": 32},
+        "timeouts": {"requestSeconds": 5.0},
+    },
+    "inception_v3": {
+        "instances": 1,
+        "threads": {"intraOp": 2, "interOp": 1},
+        "batching": {"maxBatchSize": 8, "maxQueueDelayMicroseconds": 20_000, "maxQueueSize": 16},
+        "timeouts": {"requestSeconds": 10.0},
+    },
+}
+
+SERVE_EXTRA = "install the serving extra: .venv/bin/pip install -e '.[serve]' (or make install)"
+NO_GPU = "no NVIDIA GPU with onnxruntime-gpu's CUDA provider here: scripts/gpu-check.sh runs the gpu tier"
+EXPORT_EXTRA = "install the export distribution (torch, ONNX): .venv/bin/pip install -e ./export (or make install)"
+
+
+def wait_for(probe: Callable[[], T | None], timeout: float = 20.0, what: str = "condition", interval: float = 0.1) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what} (last: {result!r})")
+        time.sleep(interval)
+
+
+@dataclass(frozen=True)
+class ExportedRepo:
+    path: Path
+    reports: dict[str, Any]  # model name -> inferop_export.exporter.ExportReport
+
+    def model_path(self, model: str) -> Path:
+        return Path(self.reports[model].model_path)
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    server: Any  # inferop.serving.tritonserver.TritonServer
+    initial_statistics: dict[str, dict[str, Any]]  # per model, read right after the server became ready
+
+    @property
+    def url(self) -> str:
+        return str(self.server.url)

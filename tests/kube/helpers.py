@@ -1,0 +1,119 @@
+"""What the control-plane tests share beyond fixtures: the chart's and the examples' paths, facts each release serves,
+the real kubectl, the operator's runner, and small readers and writers of the objects under test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from inferop.paths import repo_root
+from inferop_devtools.cluster.controlplane import KubernetesRelease
+
+REPO = repo_root()
+CRD_DIR = REPO / "charts" / "inferop" / "crds"
+EXAMPLES = REPO / "operator" / "examples"
+RESYNC_SECONDS = 2
+# The HPA the operator writes, as each release serves it (asserted, not assumed): 1.20 serves autoscaling/v2beta2
+# only (v2 came in 1.23), the current release v2 only (v2beta2 went in 1.26).
+AUTOSCALING = {
+    "1.20": "horizontalpodautoscalers.v2beta2.autoscaling",
+    "1.37": "horizontalpodautoscalers.v2.autoscaling",
+}
+# Likewise the PodDisruptionBudget: policy/v1beta1 on 1.20 (v1 came in 1.21), policy/v1 on the current release.
+DISRUPTION_BUDGET = {"1.20": "poddisruptionbudgets.v1beta1.policy", "1.37": "poddisruptionbudgets.v1.policy"}
+# What status.threads says for operator/examples/conv-net.yaml: 2 CPUs shared by 2 instances.
+CONV_NET_THREADS = {
+    "cpus": 2,
+    "cpuSource": "limit",
+    "instances": 2,
+    "intraOp": 1,
+    "interOp": 1,
+    "summary": "2x(1+1)/2cpu",
+}
+
+GATEWAY_API = "gateway.networking.k8s.io"
+
+
+class Kubectl:
+    """The real kubectl against the test cluster; JSON in, JSON out."""
+
+    def __init__(self, kubeconfig: Path, tools: Path, binary: Path | None = None):
+        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
+        self.binary = str(binary or tools / "kubectl")
+
+    def run(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [self.binary, *args], env=self.env, capture_output=True, text=True, input=stdin, timeout=60
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+        return result
+
+    def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+        result = self.run("get", kind, name, "-n", namespace, "-o", "json", check=False)
+        if result.returncode != 0:
+            if "NotFound" in result.stderr:
+                return None
+            raise AssertionError(result.stderr)
+        return dict(json.loads(result.stdout))
+
+    def apply(self, namespace: str, *paths: Path) -> subprocess.CompletedProcess[str]:
+        args = ["apply", "-n", namespace]
+        for path in paths:
+            args += ["-f", str(path)]
+        return self.run(*args, check=False)
+
+
+def runs_pods(kubernetes: KubernetesRelease) -> bool:
+    """Whether Pods run on this release's test cluster (kwok), or stay Pending (1.20)."""
+    return "kube-scheduler" in kubernetes.components
+
+
+class OperatorRunner:
+    """The operator under kopf's test runner, watching all namespaces; restartable."""
+
+    ARGS = ("run", "--standalone", "--all-namespaces", "-m", "inferop_operator.handlers")
+
+    def __init__(self) -> None:
+        from kopf.testing import KopfRunner
+
+        self._factory = lambda: KopfRunner(list(self.ARGS), timeout=60)
+        self.runner: Any = None
+
+    def start(self) -> None:
+        self.runner = self._factory()
+        self.runner.__enter__()
+
+    def stop(self) -> None:
+        self.runner.__exit__(None, None, None)
+        assert self.runner.exception is None, self.runner.exception
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def condition(service: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    return next((c for c in ((service or {}).get("status") or {}).get("conditions", []) if c["type"] == kind), None)
+
+
+def env_of(deployment: dict[str, Any]) -> dict[str, str]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def manifest(name: str, **spec: Any) -> str:
+    """An InferenceService of the small example network, with `spec` fields laid over it."""
+    base = yaml.safe_load((EXAMPLES / "conv-net.yaml").read_text())
+    base["metadata"]["name"] = name
+    base["spec"].update(spec)
+    return yaml.safe_dump(base)
+
+
+def apply_text(kubectl: Kubectl, namespace: str, text: str) -> None:
+    kubectl.run("apply", "-n", namespace, "-f", "-", stdin=text)
