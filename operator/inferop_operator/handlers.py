@@ -46,6 +46,7 @@ from inferop_operator.rollout import (
 from inferop_operator.settings import OperatorSettings
 from inferop_operator.spec import GatewayRef, InferenceServiceSpec, SpecError, parse_spec
 from inferop_operator.status import (
+    AdviceLedger,
     Status,
     children_failed_status,
     deployed_status,
@@ -53,7 +54,6 @@ from inferop_operator.status import (
     follow_deployment,
     follow_pods,
     invalid_status,
-    new_advice,
     new_warnings,
     read_status,
     refused_status,
@@ -74,10 +74,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 _api: KubeApi | None = None
 _threads: Executor | None = None  # kopf's threads for sync handlers, shared by the async handlers' API calls
-# Advice conditions posted, by service uid and condition type: (reason, message). Three handlers (the service's,
-# the Deployment's and the pods') derive them, and two may see the same change before either's status write is
-# back in what the other reads; this keeps their Warning to one. The written status does the same across restarts.
-_advised: dict[tuple[str, str], tuple[str, str]] = {}
+_advised = AdviceLedger()  # shared by the service's, the Deployment's and the pods' handlers
 
 
 def api() -> KubeApi:
@@ -393,15 +390,8 @@ def warn_new(body: Any, previous: Status, new: Status) -> None:
 def advise(body: Any, uid: str, previous: Status, new: Status) -> None:
     """A Warning event for each advice condition (a stuck rollout, failing pods) that fails with something new;
     one per change, not one per resync."""
-    for kind in ("Progressing", "PodsHealthy"):
-        found = new.condition(kind)
-        if found is not None and found.status != "False":
-            _advised.pop((uid, kind), None)
-    for advice in new_advice(previous, new):
-        said = (advice.reason, advice.message)
-        if _advised.get((uid, advice.type)) != said:
-            _advised[(uid, advice.type)] = said
-            kopf.warn(body, reason=advice.reason, message=advice.message)
+    for advice in _advised.to_post(uid, previous, new):
+        kopf.warn(body, reason=advice.reason, message=advice.message)
 
 
 class ChildFailed(InferopError):
@@ -590,8 +580,7 @@ async def services(uid: str, status: Any, **_: Any) -> dict[str, dict[str, Any]]
 async def forget_deleted(event: kopf.RawEvent, uid: str, **_: Any) -> None:
     """A deleted service's advice is forgotten with it: a long-running operator does not keep every uid it saw."""
     if event["type"] == "DELETED":
-        for key in [key for key in _advised if key[0] == uid]:
-            _advised.pop(key, None)
+        _advised.forget(uid)
 
 
 @kopf.index(GROUP, VERSION, PLURAL)

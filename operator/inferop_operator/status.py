@@ -354,6 +354,38 @@ def new_advice(previous: Status, current: Status) -> list[Condition]:
     return [c for c in found if c is not None and c.status == "False" and not same_condition(c.type, previous, current)]
 
 
+class AdviceLedger:
+    """The advice conditions posted as Warnings, by service uid and condition type: (reason, message). Three handlers
+    (the service's, the Deployment's and the pods') derive them, and two may see the same change before either's
+    status write is back in what the other reads; this keeps their Warning to one. The written status does the same
+    across restarts."""
+
+    def __init__(self) -> None:
+        self._said: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def to_post(self, uid: str, previous: Status, current: Status) -> list[Condition]:
+        """The advice of `current` to post now: failing, new since `previous`, and not posted already."""
+        for kind in ADVICE_CONDITIONS:
+            found = current.condition(kind)
+            if found is not None and found.status != "False":
+                self._said.pop((uid, kind), None)
+        fresh = []
+        for advice in new_advice(previous, current):
+            said = (advice.reason, advice.message)
+            if self._said.get((uid, advice.type)) != said:
+                self._said[(uid, advice.type)] = said
+                fresh.append(advice)
+        return fresh
+
+    def forget(self, uid: str) -> None:
+        """A deleted service's entries: a long-running operator does not keep every uid it saw."""
+        for key in [key for key in self._said if key[0] == uid]:
+            del self._said[key]
+
+    def uids(self) -> set[str]:
+        return {uid for uid, _ in self._said}
+
+
 def children(service: Service) -> list[tuple[str, str]]:
     """(kind, name) of every child the spec asks for, in the order they are applied."""
     return [(child.kind, child.name(service)) for child in CHILDREN if child.wanted(service)]

@@ -9,6 +9,7 @@ its Pods stay Pending unless a test writes into their status what a kubelet woul
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -104,6 +105,13 @@ def kubectl(control_plane: ControlPlane, kubernetes: KubernetesRelease, kwok: Kw
 def operator(kubectl: Kubectl, control_plane: ControlPlane) -> Iterator[OperatorRunner]:
     os.environ["KUBECONFIG"] = str(control_plane.kubeconfig)
     os.environ["INFEROP_RESYNC_SECONDS"] = str(RESYNC_SECONDS)  # read when the handlers are imported
+    handlers = sys.modules.get("inferop_operator.handlers")
+    if handlers is not None and handlers.SETTINGS.resync_seconds != RESYNC_SECONDS:
+        pytest.fail(
+            "inferop_operator.handlers was imported before this fixture set INFEROP_RESYNC_SECONDS: its timers run "
+            f"every {handlers.SETTINGS.resync_seconds:g} s, not {RESYNC_SECONDS} s. A test outside tests/kube must "
+            "not import the handlers module."
+        )
     runner = OperatorRunner()
     runner.start()
     yield runner

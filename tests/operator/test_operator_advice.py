@@ -1,14 +1,8 @@
-"""The operator's Warning for advice: one per change, and nothing kept of a service once it is deleted."""
+"""The operator's Warnings for advice: one per change, and nothing kept of a service once it is deleted."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
-import pytest
-
-from inferop_operator import handlers
-from inferop_operator.status import Condition, Status
+from inferop_operator.status import AdviceLedger, Condition, Status
 
 
 def failing_pods(message: str) -> Status:
@@ -16,31 +10,29 @@ def failing_pods(message: str) -> Status:
     return Status(conditions=[failing])
 
 
-@pytest.fixture
-def warnings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    said: list[str] = []
-    monkeypatch.setattr(handlers.kopf, "warn", lambda body, reason, message: said.append(message))
-    monkeypatch.setattr(handlers, "_advised", {})
-    return said
+def posted(ledger: AdviceLedger, uid: str, status: Status) -> list[str]:
+    return [advice.message for advice in ledger.to_post(uid, Status(), status)]
 
 
-def forget(uid: str, kind: str) -> None:
-    event: Any = {"type": kind, "object": {}}
-    asyncio.run(handlers.forget_deleted(event=event, uid=uid))
+def test_the_same_advice_is_posted_once_per_change() -> None:
+    # Two handlers can see the same change before either's status write is back: the second posts nothing.
+    ledger = AdviceLedger()
+    assert posted(ledger, "a", failing_pods("exec format error")) == ["exec format error"]
+    assert posted(ledger, "a", failing_pods("exec format error")) == []
+    assert posted(ledger, "a", failing_pods("OOMKilled")) == ["OOMKilled"]
 
 
-def test_the_same_advice_is_said_once_per_change(warnings: list[str]) -> None:
-    # Two handlers can see the same change before either's status write is back: the second says nothing.
-    handlers.advise({}, "a", Status(), failing_pods("exec format error"))
-    handlers.advise({}, "a", Status(), failing_pods("exec format error"))
-    handlers.advise({}, "a", Status(), failing_pods("OOMKilled"))
-    assert warnings == ["exec format error", "OOMKilled"]
+def test_a_recovery_lets_the_same_failure_be_posted_again() -> None:
+    ledger = AdviceLedger()
+    posted(ledger, "a", failing_pods("exec format error"))
+    healthy = Status(conditions=[Condition(type="PodsHealthy", status="True", reason="NoFailures")])
+    assert posted(ledger, "a", healthy) == []
+    assert posted(ledger, "a", failing_pods("exec format error")) == ["exec format error"]
 
 
-def test_a_deleted_service_is_forgotten(warnings: list[str]) -> None:
-    handlers.advise({}, "a", Status(), failing_pods("exec format error"))
-    handlers.advise({}, "b", Status(), failing_pods("exec format error"))
-    forget("a", "MODIFIED")
-    assert {uid for uid, _ in handlers._advised} == {"a", "b"}
-    forget("a", "DELETED")
-    assert {uid for uid, _ in handlers._advised} == {"b"}
+def test_a_deleted_service_is_forgotten() -> None:
+    ledger = AdviceLedger()
+    posted(ledger, "a", failing_pods("exec format error"))
+    posted(ledger, "b", failing_pods("exec format error"))
+    ledger.forget("a")
+    assert ledger.uids() == {"b"}
