@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from inferop.paths import repo_root
+from inferop_devtools.bench.serving import onnxruntime_images_per_second
 
 BATCH = 8
 THREADS = 2
@@ -36,17 +37,6 @@ def session(path: Path, profile_prefix: Path | None = None) -> Any:
         options.enable_profiling = True
         options.profile_file_prefix = str(profile_prefix)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def images_per_second(path: Path, seconds: float) -> float:
-    run = session(path)
-    images = np.random.default_rng(0).standard_normal((BATCH, 3, 299, 299)).astype(np.float32)
-    run.run(None, {"images": images})
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        run.run(None, {"images": images})
-        done += BATCH
-    return done / (time.perf_counter() - start)
 
 
 def profile_by_operator(path: Path, batches: int = 5) -> dict[str, float]:
@@ -118,7 +108,7 @@ def main() -> int:
         rounds: dict[str, list[float]] = {name: [] for name in paths}
         for index in range(args.rounds):  # alternating: the machine's speed drifts within minutes
             for name, path in paths.items():
-                rounds[name].append(round(images_per_second(path, args.seconds), 1))
+                rounds[name].append(round(onnxruntime_images_per_second(path, THREADS, 1, BATCH, args.seconds), 1))
                 print(f"round {index + 1}: {name} {rounds[name][-1]} images/s", flush=True)
         figures["in_process_images_per_second"] = rounds
         figures["profile_ms_per_batch"] = {
