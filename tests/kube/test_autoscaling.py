@@ -189,7 +189,11 @@ def test_the_hpa_scales_out_under_load_and_back_in_after_it(
     address = f"127.0.0.1:{pipeline.triton.metrics_port}"
     with PodTargets(pipeline.kubeconfig, namespace, selector, address, pipeline.targets):
         # Idle: one pod runs, and the HPA reads the metric through the adapter (0: nothing waits).
-        wait_for(lambda: replicas(kubectl, namespace, name) == (1, 1), what="one ready pod")
+        try:
+            wait_for(lambda: replicas(kubectl, namespace, name) == (1, 1), what="one ready pod")
+        except pytest.fail.Exception as late:  # say why: the pods, the Deployment and the namespace's events
+            found = kubectl.run("get", "pods,deployments,events", "-n", namespace, "-o", "wide", check=False)
+            pytest.fail(f"{late}; (wanted, ready) {replicas(kubectl, namespace, name)}:\n{found.stdout}{found.stderr}")
         try:
             idle = wait_for(
                 lambda: hpa_metric(kubectl, namespace, name), timeout=SCALE_TIMEOUT, what="the HPA's metric"

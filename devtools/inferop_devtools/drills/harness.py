@@ -73,9 +73,18 @@ class DrillCluster:
         self.plane.down()
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(self.tools / "kubectl"), *args], input=stdin, text=True, env=self.env, check=check, capture_output=True
-        )
+        try:
+            return subprocess.run(
+                [str(self.tools / "kubectl"), *args],
+                input=stdin,
+                text=True,
+                env=self.env,
+                check=check,
+                capture_output=True,
+            )
+        except subprocess.CalledProcessError as failed:  # its message alone does not say why
+            failed.add_note(f"kubectl said: {(failed.stderr or '').strip()[-2000:]}")
+            raise
 
     @property
     def custom(self) -> Any:
