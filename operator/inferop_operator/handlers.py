@@ -8,7 +8,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any, ParamSpec, TypeVar
 
@@ -113,6 +113,34 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # pod and Deployment of the cluster streamed to the operator and remembered by kopf.
     settings.watching.label_selectors["apps", "v1", "deployments"] = label_selector(MANAGED)
     settings.watching.label_selectors["", "v1", "pods"] = TRITON_PODS_SELECTOR
+    await_served(SETTINGS.crd_wait_seconds)
+
+
+class NotServed(InferopError, kopf.PermanentError):
+    """The API server does not serve InferenceServices: the CRD is missing, or was never established."""
+
+
+def await_served(timeout: float) -> None:
+    """Return once the API server serves InferenceServices; raise NotServed (the operator exits) after `timeout`.
+
+    kopf looks up what it serves once, right after the startup handlers (and again only when a CRD changes, where it
+    watches CRDs at all). Started in the moment between a CRD's creation and the API server serving its version, it
+    never served InferenceServices and said so only in a log line (on 1.37, kopf's scan found none 0.1 s after
+    kubectl had listed the group). With one namespace watched, it would not notice a CRD installed later either."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if PLURAL in api().resources(API_VERSION):
+                return
+            why = f"the API server does not serve {PLURAL}.{API_VERSION}"
+        except (ApiException, urllib3.exceptions.HTTPError) as error:
+            why = f"the API server did not answer: {error}"
+        if time.monotonic() > deadline:
+            raise NotServed(
+                f"{why} after {timeout:g} s: install the CRD (charts/inferop/crds, or helm install inferop) "
+                "and start the operator again"
+            )
+        time.sleep(0.2)
 
 
 @kopf.on.login()
@@ -147,7 +175,7 @@ def reconcile(
     status: Any,
     body: Any,
     retry: int = 0,
-    pods: Iterable[Mapping[str, Any]] = (),
+    pods: Callable[[], list[dict[str, Any]]] = list,
     delete_unwanted: bool = True,
     memo: Any = None,
     deployments: Mapping[str, Mapping[str, Any]] | None = None,
@@ -160,12 +188,15 @@ def reconcile(
 
     With spec.rollout, a changed spec becomes a candidate beside the stable revision; `tick` (the rollout timer) also
     observes and takes the rollout's next step. `deployments` are the service's Deployments by name (the index's
-    summaries), `old_spec` the spec handled before this change (kopf's diff base). A Warning event is posted only for
-    what the status written last did not already say, so resyncs and restarts repeat none. `delete_unwanted` False (a
-    resync) only applies: children are deleted when the spec changes."""
+    summaries), `old_spec` the spec handled before this change (kopf's diff base). `pods` reads what the service's
+    pods report now: the status is derived after the children are applied, not from what the pods said when the
+    handler was called (a resync that read a pod before its OOM kill, then wrote it healthy, made the kill's Warning
+    go out twice). A Warning event is posted only for what the status written last did not already say, so resyncs
+    and restarts repeat none. `delete_unwanted` False (a resync) only applies: children are deleted when the spec
+    changes."""
     with object_lock(memo):
         return _reconcile(
-            name, namespace, uid, raw_spec, generation, status, body, retry, list(pods), delete_unwanted,
+            name, namespace, uid, raw_spec, generation, status, body, retry, pods, delete_unwanted,
             memo, deployments or {}, old_spec, tick,
         )  # fmt: skip
 
@@ -179,7 +210,7 @@ def _reconcile(
     status: Any,
     body: Any,
     retry: int,
-    pods: list[Mapping[str, Any]],
+    pods: Callable[[], list[dict[str, Any]]],
     delete_unwanted: bool,
     memo: Any,
     deployments: Mapping[str, Mapping[str, Any]],
@@ -220,7 +251,7 @@ def _reconcile(
     state = decide(spec, revision_of(spec, image), known, split, now, former(old_spec))
     service = service_tree(name, namespace, uid, spec, plan, state, split, gateway, deployments)
     if tick and spec.rollout is not None and state.candidate_wanted:
-        observed, state = observe(service, spec, state, split, api(), deployments, pods, SETTINGS.prometheus_url, now)
+        observed, state = observe(service, spec, state, split, api(), deployments, pods(), SETTINGS.prometheus_url, now)
         state = advance(state, spec.rollout, observed, served_fields(spec))
         if state == known:
             return previous, False  # nothing moved: no write
@@ -241,11 +272,12 @@ def _reconcile(
         if failure.permanent:
             raise kopf.PermanentError(failure.explain()) from failed.__cause__
         raise kopf.TemporaryError(failure.explain(), delay=failure.delay(retry)) from failed.__cause__
-    new_status = deployed_status(service, deployment, generation, previous, pods, state)
+    new_status = advise(
+        body, uid, previous, lambda: deployed_status(service, deployment, generation, previous, pods(), state)
+    )
     if routing_warning:
         new_status = new_status.model_copy(update={"warnings": [*(new_status.warnings or []), routing_warning]})
     warn_new(body, previous, new_status)
-    advise(body, uid, previous, new_status)
     announce_rollout(body, known, state)
     changed = patch_status(namespace, name, current, new_status)
     if memo is not None:
@@ -387,11 +419,13 @@ def warn_new(body: Any, previous: Status, new: Status) -> None:
         kopf.warn(body, reason="Warning", message=warning)
 
 
-def advise(body: Any, uid: str, previous: Status, new: Status) -> None:
-    """A Warning event for each advice condition (a stuck rollout, failing pods) that fails with something new;
-    one per change, not one per resync."""
-    for advice in _advised.to_post(uid, previous, new):
+def advise(body: Any, uid: str, previous: Status, derive: Callable[[], Status]) -> Status:
+    """The status `derive` makes, with a Warning event for each advice condition (a stuck rollout, failing pods)
+    that fails with something new: one per change, not one per resync."""
+    new, fresh = _advised.derive(uid, previous, derive)
+    for advice in fresh:
         kopf.warn(body, reason=advice.reason, message=advice.message)
+    return new
 
 
 class ChildFailed(InferopError):
@@ -461,12 +495,12 @@ def on_change(
     **indices: Any,
 ) -> None:
     assert namespace is not None, "InferenceServices are namespaced"
-    found = service_pods(indices, namespace, name)
     # A service just created has no children to remove: three DELETEs answered 404 per create were a third of the
     # requests of a burst of creates.
     deletes = reason != kopf.Reason.CREATE
     result, changed = reconcile(
-        name, namespace, uid, spec, meta.get("generation"), status, body, retry, found, deletes,
+        name, namespace, uid, spec, meta.get("generation"), status, body, retry,
+        lambda: service_pods(indices, namespace, name), deletes,
         memo=memo, deployments=service_deployments(indices, namespace, name), old_spec=old,
     )  # fmt: skip
     if not changed:
@@ -542,11 +576,11 @@ def on_timer(
     """A timer's reconcile: applies only (children are deleted when the spec changes), unless a rollout's `tick`
     moves it on."""
     assert namespace is not None, "InferenceServices are namespaced"
-    found = service_pods(indices, namespace, name)
     deployments = service_deployments(indices, namespace, name)
     generation = meta.get("generation")
     reconcile(
-        name, namespace, uid, spec, generation, status, body, retry, found, delete_unwanted=tick,
+        name, namespace, uid, spec, generation, status, body, retry, lambda: service_pods(indices, namespace, name),
+        delete_unwanted=tick,
         memo=memo, deployments=deployments, tick=tick,
     )  # fmt: skip
 
@@ -625,9 +659,13 @@ async def deployment_event(
     # Not reconciled yet, a spec that cannot run, or a child missing: the service handler reports those.
     if current.phase not in ("Ready", "Progressing"):
         return
-    found: list[dict[str, Any]] = list(pods.get((namespace, owner["name"]), []))
-    new_status = follow_pods(follow_deployment(current, dict(body), current), found, current)
-    advise(service_ref(namespace, owner["name"], owner["uid"]), owner["uid"], current, new_status)
+    followed = follow_deployment(current, dict(body), current)
+    new_status = advise(
+        service_ref(namespace, owner["name"], owner["uid"]),
+        owner["uid"],
+        current,
+        lambda: follow_pods(followed, list(pods.get((namespace, owner["name"]), [])), current),
+    )
     await write_status(namespace, owner["name"], written, new_status)
 
 
@@ -651,9 +689,12 @@ async def pod_event(
     current = read_status(written)
     if current.phase not in ("Ready", "Progressing"):
         return
-    found: list[dict[str, Any]] = list(pods.get((namespace, name), []))
-    new_status = follow_pods(current, found, current)
-    advise(service_ref(namespace, name, uid), uid, current, new_status)
+    new_status = advise(
+        service_ref(namespace, name, uid),
+        uid,
+        current,
+        lambda: follow_pods(current, list(pods.get((namespace, name), [])), current),
+    )
     await write_status(namespace, name, written, new_status)
 
 

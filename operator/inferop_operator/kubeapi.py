@@ -220,12 +220,16 @@ class KubeApi:
         asked again after DISCOVERY_SECONDS: Gateway API's CRDs may be installed while the operator runs."""
         known = self._resources.get(api_version)
         if known is None or time.monotonic() - known[0] > DISCOVERY_SECONDS:
-            try:
-                listing = self._call("GET", "/api/v1" if api_version == "v1" else f"/apis/{api_version}")
-                names = frozenset(str(r.get("name")) for r in listing.get("resources", []))
-            except ApiException as error:
-                if error.status != 404:
-                    raise
-                names = frozenset()
-            known = self._resources[api_version] = (time.monotonic(), names)
+            known = self._resources[api_version] = (time.monotonic(), self.resources(api_version))
         return plural in known[1]
+
+    def resources(self, api_version: str) -> frozenset[str]:
+        """The resources the API server serves in `api_version` now (its discovery document); none when it serves
+        no such group or version."""
+        try:
+            listing = self._call("GET", "/api/v1" if api_version == "v1" else f"/apis/{api_version}")
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            return frozenset()
+        return frozenset(str(r.get("name")) for r in listing.get("resources", []))

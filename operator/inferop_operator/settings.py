@@ -47,6 +47,14 @@ class OperatorSettings(BaseSettings):
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[a-z0-9]([-a-z0-9]*[a-z0-9])?)?$",
         description="namespace/name[/listener] of the Gateway for services whose spec names none; unset: none.",
     )
+    crd_wait_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "How long the operator waits at start for the API server to serve InferenceServices (the CRD installed "
+            "and served) before it exits saying so."
+        ),
+    )
     rollout_tick_seconds: float = Field(
         default=2.0, gt=0, le=60, description="How often a rollout in progress looks at its pods, route and analysis."
     )

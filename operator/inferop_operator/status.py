@@ -8,7 +8,8 @@ patch what these return.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -362,9 +363,18 @@ class AdviceLedger:
 
     def __init__(self) -> None:
         self._said: dict[tuple[str, str], tuple[str, str]] = {}
+        # The service's handler derives on a thread while the pods' and the Deployment's run on the event loop.
+        self._lock = threading.Lock()
 
-    def to_post(self, uid: str, previous: Status, current: Status) -> list[Condition]:
-        """The advice of `current` to post now: failing, new since `previous`, and not posted already."""
+    def derive(self, uid: str, previous: Status, build: Callable[[], Status]) -> tuple[Status, list[Condition]]:
+        """The status `build` makes from what the pods report now, and the advice to post (failing, new since
+        `previous`, and not posted already) in one step: a status built from older reports cannot clear a failure
+        after a newer one posted it (the next look would post it again)."""
+        with self._lock:
+            current = build()
+            return current, self._to_post(uid, previous, current)
+
+    def _to_post(self, uid: str, previous: Status, current: Status) -> list[Condition]:
         for kind in ADVICE_CONDITIONS:
             found = current.condition(kind)
             if found is not None and found.status != "False":

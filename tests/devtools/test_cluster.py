@@ -39,6 +39,7 @@ from inferop_devtools.cluster.controlplane import (
     process_running,
     scheduler_command,
 )
+from inferop_devtools.cluster.tools import not_established
 from tests.helpers import wait_for
 
 BIN = Path("/opt/kube/bin")
@@ -349,3 +350,20 @@ def test_cli_up_is_idempotent_and_down_leaves_no_process(
         assert cli("down", "--state-dir", str(state_dir), bin_dir=bin_dir).returncode == 0
     finally:
         ControlPlane(state_dir).down()
+
+
+def test_a_crd_without_conditions_or_still_installing_is_not_established() -> None:
+    def crd(name: str, *conditions: tuple[str, str]) -> dict[str, Any]:
+        found = [{"type": kind, "status": status} for kind, status in conditions]
+        return {"metadata": {"name": name}, "status": {"conditions": found} if found else {}}
+
+    listing = {
+        "kind": "List",
+        "items": [
+            crd("new.example.com"),
+            crd("installing.example.com", ("NamesAccepted", "True"), ("Established", "False")),
+            crd("served.example.com", ("NamesAccepted", "True"), ("Established", "True")),
+        ],
+    }
+    assert not_established(listing) == ["new.example.com", "installing.example.com"]
+    assert not_established(crd("served.example.com", ("Established", "True"))) == []

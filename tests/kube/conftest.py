@@ -9,9 +9,11 @@ its Pods stay Pending unless a test writes into their status what a kubelet woul
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,10 +24,10 @@ from inferop_devtools.cluster.controlplane import (
     ControlPlane,
     KubernetesRelease,
     kube_binaries,
+    process_running,
 )
-from inferop_devtools.cluster.tools import kube_tools
-from tests.helpers import wait_for
-from tests.kube.helpers import CRD_DIR, GATEWAY_API, RESYNC_SECONDS, Kubectl, OperatorRunner, runs_pods
+from inferop_devtools.cluster.tools import kube_tools, wait_established
+from tests.kube.helpers import GATEWAY_API, RESYNC_SECONDS, Kubectl, OperatorRunner, install_crd, runs_pods
 
 # Figures a test measured on the way (e.g. how long a scale took), printed at the end of the run: a print would go
 # to the operator's runner, which captures the standard streams while it runs.
@@ -93,11 +95,7 @@ def kubectl(control_plane: ControlPlane, kubernetes: KubernetesRelease, kwok: Kw
     # from the registries (1.33, which still talks to it).
     own = kube_binaries(build=False, release=kubernetes) / "kubectl"
     tool = Kubectl(control_plane.kubeconfig, kube_tools(), own if own.exists() else None)
-    tool.run("apply", *kubernetes.kubectl_crd_flags, "-f", str(CRD_DIR))
-    wait_for(
-        lambda: '"Established"' in tool.run("get", "crd/inferenceservices.inferop.dev", "-o", "json").stdout,
-        what="the CRD to be established",
-    )
+    install_crd(tool, kubernetes)
     return tool
 
 
@@ -127,7 +125,21 @@ def gateway_api(kubectl: Kubectl, kubernetes: KubernetesRelease) -> None:
     from inferop_devtools.gateway.envoygateway import crd_dirs, gateway_binaries
 
     kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(crd_dirs(gateway_binaries())[0]))
-    kubectl.run("wait", "--for=condition=Established", "--timeout=60s", f"crd/httproutes.{GATEWAY_API}")
+    wait_established(Path(kubectl.binary), Path(kubectl.env["KUBECONFIG"]), f"httproutes.{GATEWAY_API}")
+
+
+@pytest.fixture()
+def own_plane(tmp_path: Path) -> Iterator[ControlPlane]:
+    """A control plane of the default release for one test alone, which may kill or freeze its apiserver."""
+    try:  # `make test` builds it first (make tools): a missing or broken build fails, it is no reason to skip
+        bin_dir = kube_binaries(build=False)
+    except ClusterError as error:
+        pytest.fail(f"Kubernetes is not built: {error}")
+    with ControlPlane(tmp_path / "cluster", bin_dir=bin_dir) as control_plane:
+        yield control_plane
+        apiserver = (control_plane.state() or {})["processes"]["kube-apiserver"]
+        if process_running(apiserver["pid"], apiserver["executable"]):
+            os.kill(apiserver["pid"], signal.SIGCONT)  # a frozen apiserver must run again to stop
 
 
 @pytest.fixture()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import yaml
 
 from inferop.paths import repo_root
 from inferop_devtools.cluster.controlplane import KubernetesRelease
+from inferop_devtools.cluster.tools import wait_established
+from inferop_operator.identity import CRD_NAME
 
 REPO = repo_root()
 CRD_DIR = REPO / "charts" / "inferop" / "crds"
@@ -67,6 +70,27 @@ class Kubectl:
         for path in paths:
             args += ["-f", str(path)]
         return self.run(*args, check=False)
+
+
+def install_crd(kubectl: Kubectl, release: KubernetesRelease) -> None:
+    """The chart's CRD, applied and Established."""
+    kubectl.run("apply", *release.kubectl_crd_flags, "-f", str(CRD_DIR))
+    wait_established(Path(kubectl.binary), Path(kubectl.env["KUBECONFIG"]), CRD_NAME)
+
+
+def operator_process(kubeconfig: Path, log: Path, *args: str, **settings: str) -> subprocess.Popen[bytes]:
+    """`inferop operator` with `args` in a process of its own, as in its pod, its output in `log`; `settings` are
+    the operator's settings by name (resync_seconds="1" sets INFEROP_RESYNC_SECONDS)."""
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "INFEROP_LOG_FORMAT": "plain",
+        "PYTHONUNBUFFERED": "1",
+        **{f"INFEROP_{name.upper()}": value for name, value in settings.items()},
+    }
+    with log.open("wb") as out:
+        argv = [sys.executable, "-m", "inferop.cli", "operator", *args]
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def runs_pods(kubernetes: KubernetesRelease) -> bool:

@@ -9,18 +9,17 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from inferop_devtools.cluster.controlplane import ClusterError, ControlPlane, kube_binaries, process_running
+from inferop_devtools.cluster.controlplane import ControlPlane
 from inferop_devtools.cluster.tools import kube_tools
 from inferop_operator.cli import STOP_BOUND_SECONDS
 from tests.helpers import wait_for
-from tests.kube.helpers import CRD_DIR, EXAMPLES, Kubectl
+from tests.kube.helpers import EXAMPLES, Kubectl, install_crd, operator_process
 
 pytestmark = pytest.mark.integration
 
@@ -29,40 +28,15 @@ RESYNC_SECONDS = 1  # a resync starts every second, so one is waiting on the api
 
 
 @pytest.fixture()
-def plane(tmp_path: Path) -> Iterator[ControlPlane]:
-    try:  # `make test` builds it first (make tools): a missing or broken build fails, it is no reason to skip
-        bin_dir = kube_binaries(build=False)
-    except ClusterError as error:
-        pytest.fail(f"Kubernetes is not built: {error}")
-    with ControlPlane(tmp_path / "cluster", bin_dir=bin_dir) as control_plane:
-        yield control_plane
-        apiserver = (control_plane.state() or {})["processes"]["kube-apiserver"]
-        if process_running(apiserver["pid"], apiserver["executable"]):
-            os.kill(apiserver["pid"], signal.SIGCONT)  # a frozen apiserver must run again to stop
-
-
-@pytest.fixture()
-def running_operator(plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    """`inferop operator` reconciling the conv-net example on `plane`, with its log."""
+def running_operator(own_plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """`inferop operator` reconciling the conv-net example on `own_plane`, with its log."""
+    plane = own_plane
     kubectl = Kubectl(plane.kubeconfig, kube_tools())
-    kubectl.run("apply", *plane.release.kubectl_crd_flags, "-f", str(CRD_DIR))
-    wait_for(
-        lambda: '"Established"' in kubectl.run("get", "crd/inferenceservices.inferop.dev", "-o", "json").stdout,
-        what="the CRD to be established",
-    )
+    install_crd(kubectl, plane.release)
     kubectl.run("create", "namespace", NAMESPACE)
     assert kubectl.apply(NAMESPACE, EXAMPLES / "conv-net.yaml").returncode == 0
     log = tmp_path / "operator.log"
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(plane.kubeconfig),
-        "INFEROP_RESYNC_SECONDS": str(RESYNC_SECONDS),
-        "INFEROP_LOG_FORMAT": "plain",
-        "PYTHONUNBUFFERED": "1",
-    }
-    argv = [sys.executable, "-m", "inferop.cli", "operator", "--all-namespaces"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    process = operator_process(plane.kubeconfig, log, "--all-namespaces", resync_seconds=str(RESYNC_SECONDS))
     try:
         wait_for(
             lambda: (
@@ -99,10 +73,13 @@ def stop(process: subprocess.Popen[bytes], log: Path) -> float:
     ids=["apiserver killed", "apiserver frozen"],
 )
 def test_sigterm_stops_the_operator_in_time_whatever_the_apiserver_does(
-    plane: ControlPlane, running_operator: tuple[subprocess.Popen[bytes], Path], apiserver: str, signum: signal.Signals
+    own_plane: ControlPlane,
+    running_operator: tuple[subprocess.Popen[bytes], Path],
+    apiserver: str,
+    signum: signal.Signals,
 ) -> None:
     process, log = running_operator
-    pid = plane.pids()["kube-apiserver"]
+    pid = own_plane.pids()["kube-apiserver"]
     os.kill(pid, signum)  # killed: connections refused; frozen: connections accepted and never answered
     # Not a wait for a condition: time for a resync to start against the server that is gone or hangs.
     time.sleep(RESYNC_SECONDS * 2)

@@ -5,8 +5,11 @@ the Prometheus runner and the tests."""
 from __future__ import annotations
 
 import functools
+import json
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 from inferop.paths import repo_root
 from inferop_devtools.cluster.controlplane import ClusterError
@@ -42,3 +45,37 @@ def built(script: str, what: str, build: bool = False) -> Path:
     if result.returncode != 0 or not lines:
         raise ClusterError(f"{what} not built: run scripts/{script}")
     return Path(lines[-1])
+
+
+def wait_established(kubectl: Path, kubeconfig: Path, *names: str, timeout: float = 60.0) -> None:
+    """Return once the CRDs `names` (every CRD, where none is named) are Established. Not `kubectl wait
+    --for=condition=Established`: on a CRD created a moment before, whose status has no conditions yet, it exits 1 at
+    once ("status.conditions accessor error: <nil> is of the type <nil>", seen in a drill's start)."""
+    argv = [str(kubectl), "--kubeconfig", str(kubeconfig), "get", "crd", *names, "-o", "json"]
+    deadline = time.monotonic() + timeout
+    while True:
+        result = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if result.returncode == 0:
+            waiting = not_established(json.loads(result.stdout))
+            if not waiting:
+                return
+            why = f"not Established: {', '.join(waiting)}"
+        else:
+            why = result.stderr.strip()[-1000:]
+        if time.monotonic() > deadline:
+            raise ClusterError(f"CRDs not ready within {timeout:g} s: {why}")
+        time.sleep(0.2)
+
+
+def not_established(found: dict[str, Any]) -> list[str]:
+    """The CRDs of `kubectl get crd ... -o json` (one CRD, or a List) whose Established condition is not True: a
+    CRD just created has none, then "False" (Installing) on some releases."""
+    crds = found.get("items", []) if found.get("kind") == "List" else [found]
+    return [
+        crd["metadata"]["name"]
+        for crd in crds
+        if not any(
+            c.get("type") == "Established" and c.get("status") == "True"
+            for c in (crd.get("status") or {}).get("conditions") or []
+        )
+    ]

@@ -19,7 +19,7 @@ import yaml
 
 from inferop.paths import repo_root
 from inferop_devtools.cluster.controlplane import KUBERNETES_1_20, ControlPlane, KubernetesRelease, free_ports, http_get
-from inferop_devtools.cluster.tools import kube_tools
+from inferop_devtools.cluster.tools import kube_tools, wait_established
 from inferop_operator.identity import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, VERSION
 
 ROOT = repo_root()
@@ -62,7 +62,7 @@ class DrillCluster:
                 "PATH": f"{self.tools}{os.pathsep}{os.environ['PATH']}",
             }
             self.kubectl("apply", *self.plane.release.kubectl_crd_flags, "-f", str(CRD_DIR))
-            self.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+            wait_established(self.tools / "kubectl", self.plane.kubeconfig, CRD_NAME)
             self.api = config.new_client_from_config(str(self.plane.kubeconfig))
         except BaseException:  # no __exit__ follows a failed __enter__: the control plane must not outlive it
             self.plane.down()

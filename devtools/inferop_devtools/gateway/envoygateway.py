@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from inferop_devtools.cluster.controlplane import ClusterError, http_get
-from inferop_devtools.cluster.tools import built
+from inferop_devtools.cluster.tools import built, wait_established
 from inferop_devtools.gateway.kubelet import WrappedDaemon
 from inferop_devtools.gateway.namespaces import private_root_argv
 
@@ -108,7 +108,7 @@ class EnvoyGateway:
         for directory in crd_dirs(self.bin_dir):
             self._run(kubectl, "apply", "--server-side", "--force-conflicts", "-f", str(directory))
         # Gateway API's directory also holds a ValidatingAdmissionPolicy, which has no Established condition.
-        self._run(kubectl, "wait", "--for=condition=Established", f"--timeout={timeout:g}s", "crd", "--all")
+        wait_established(self.kubectl, self.kubeconfig, timeout=timeout)
         namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
         self._run(kubectl, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(namespace))
         # No MutatingWebhookConfiguration exists for it to patch (the topology injector is disabled).
