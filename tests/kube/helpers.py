@@ -16,6 +16,7 @@ from inferop.paths import repo_root
 from inferop_devtools.cluster.controlplane import KubernetesRelease
 from inferop_devtools.cluster.tools import wait_established
 from inferop_operator.identity import CRD_NAME
+from tests.helpers import wait_for
 
 REPO = repo_root()
 CRD_DIR = REPO / "charts" / "inferop" / "crds"
@@ -91,6 +92,20 @@ def operator_process(kubeconfig: Path, log: Path, *args: str, **settings: str) -
     with log.open("wb") as out:
         argv = [sys.executable, "-m", "inferop.cli", "operator", *args]
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_reconciled(kubectl: Kubectl, process: subprocess.Popen[bytes], log: Path, namespace: str, name: str) -> None:
+    """Until the operator `process` has reconciled InferenceService `name` (its status carries the thread plan);
+    fails with the operator's log if it exited instead."""
+    wait_for(
+        lambda: (
+            process.poll() is not None
+            or (kubectl.get("infsvc", name, namespace) or {}).get("status", {}).get("threads")
+        ),
+        timeout=60,
+        what=f"the operator to reconcile {name}",
+    )
+    assert process.poll() is None, log.read_text()[-3000:]
 
 
 def runs_pods(kubernetes: KubernetesRelease) -> bool:

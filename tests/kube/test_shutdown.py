@@ -18,8 +18,7 @@ import pytest
 from inferop_devtools.cluster.controlplane import ControlPlane
 from inferop_devtools.cluster.tools import kube_tools
 from inferop_operator.cli import STOP_BOUND_SECONDS
-from tests.helpers import wait_for
-from tests.kube.helpers import EXAMPLES, Kubectl, install_crd, operator_process
+from tests.kube.helpers import EXAMPLES, Kubectl, install_crd, operator_process, wait_reconciled
 
 pytestmark = pytest.mark.integration
 
@@ -38,15 +37,7 @@ def running_operator(own_plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[
     log = tmp_path / "operator.log"
     process = operator_process(plane.kubeconfig, log, "--all-namespaces", resync_seconds=str(RESYNC_SECONDS))
     try:
-        wait_for(
-            lambda: (
-                process.poll() is not None
-                or (kubectl.get("infsvc", "conv-net", NAMESPACE) or {}).get("status", {}).get("threads")
-            ),
-            timeout=60,
-            what="the operator to reconcile conv-net",
-        )
-        assert process.poll() is None, log.read_text()[-3000:]
+        wait_reconciled(kubectl, process, log, NAMESPACE, "conv-net")
         yield process, log
     finally:
         if process.poll() is None:

@@ -15,8 +15,7 @@ import pytest
 
 from inferop_devtools.cluster.controlplane import ControlPlane
 from inferop_devtools.cluster.tools import kube_tools
-from tests.helpers import wait_for
-from tests.kube.helpers import EXAMPLES, Kubectl, install_crd, operator_process
+from tests.kube.helpers import EXAMPLES, Kubectl, install_crd, operator_process, wait_reconciled
 
 pytestmark = pytest.mark.integration
 
@@ -48,15 +47,7 @@ def test_an_operator_started_before_its_crd_serves_it_once_installed(
     install_crd(kubectl, own_plane.release)
     assert kubectl.apply(NAMESPACE, EXAMPLES / "conv-net.yaml").returncode == 0
 
-    wait_for(
-        lambda: (
-            process.poll() is not None
-            or (kubectl.get("infsvc", "conv-net", NAMESPACE) or {}).get("status", {}).get("threads")
-        ),
-        timeout=60,
-        what="the operator to reconcile conv-net",
-    )
-    assert process.poll() is None, log.read_text()[-3000:]
+    wait_reconciled(kubectl, process, log, NAMESPACE, "conv-net")
 
 
 def test_an_operator_whose_crd_never_comes_exits_saying_so(
