@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from inferop.errors import InferopError
-from inferop.paths import repo_root
+from inferop.paths import log_tail, repo_root
 from inferop_devtools.cluster.controlplane import free_ports
 from inferop_devtools.cluster.tools import helm
 
@@ -255,10 +255,7 @@ class Prometheus:
             self._workdir = None
 
     def log_tail(self, lines: int = 30) -> str:
-        path = self._workdir / "prometheus.log" if self._workdir else None
-        if path is None or not path.exists():
-            return "(no log)"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self._workdir / "prometheus.log" if self._workdir else None, lines)
 
     def api(self, path: str, **params: str) -> Any:
         """GET /api/v1/<path> and return its `data`; an API error raises with Prometheus' message."""

@@ -29,7 +29,7 @@ from types import TracebackType
 from inferop import scheduling
 from inferop.errors import InferopError
 from inferop.limits import PodCgroup, PodLimits
-from inferop.paths import cache_dir
+from inferop.paths import cache_dir, log_tail
 from inferop.quantity import format_bytes
 from inferop.serving.localrepo import prepare_local_repo
 
@@ -254,9 +254,7 @@ class TritonServer:
         return [match.group(1) for match in map(_LOAD_FAILURE.search, lines) if match]
 
     def log_tail(self, lines: int = 30) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return "(no log)"
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> TritonServer:
         return self.start()

@@ -27,13 +27,12 @@ from typing import Any
 
 import yaml
 
-from inferop.paths import repo_root
+from inferop.paths import log_tail, repo_root
 from inferop_devtools.cluster.controlplane import (
     ClusterError,
     free_ports,
     http_get,
     insecure_context,
-    log_tail,
     stop_process,
 )
 from inferop_devtools.cluster.tools import built

@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from inferop.errors import InferopError
-from inferop.paths import cache_dir, repo_root
+from inferop.paths import cache_dir, log_tail, repo_root
 
 log = logging.getLogger(__name__)
 
@@ -428,14 +428,6 @@ def http_get(url: str, context: ssl.SSLContext | None = None, timeout: float = 2
         return error.code, error.read().decode(errors="replace")
     except (urllib.error.URLError, OSError):
         return 0, ""
-
-
-def log_tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return f"(no log at {path})"
-    return "\n".join([f"--- last lines of {path}:", *text])
 
 
 def process_running(pid: int, executable: str) -> bool:
