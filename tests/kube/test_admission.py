@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from inferop_devtools.cluster.controlplane import KubernetesRelease
+from inferop_operator.identity import CRD_NAME
 from inferop_operator.spec import SpecError, parse_spec
 from tests.helpers import wait_for
 from tests.kube.helpers import EXAMPLES, Kubectl
@@ -67,7 +68,7 @@ def test_a_spec_the_model_refuses_is_refused_with_its_message(
         return
 
     assert result.returncode == 0, result.stderr
-    crd = kubectl.get("crd", "inferenceservices.inferop.dev", "")
+    crd = kubectl.get("crd", CRD_NAME, "")
     assert crd is not None and "x-kubernetes-validations" not in str(crd["spec"]), "1.20 drops the rules"
 
     def valid() -> dict[str, Any] | None:

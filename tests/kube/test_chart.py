@@ -20,7 +20,7 @@ from inferop_devtools.cluster.controlplane import ControlPlane, KubernetesReleas
 from inferop_devtools.cluster.tools import kube_tools
 from inferop_operator.builders import CHILDREN, GATEWAY_GROUP
 from inferop_operator.cli import STOP_BOUND_SECONDS
-from inferop_operator.identity import GROUP, PLURAL
+from inferop_operator.identity import CRD_NAME, GROUP, PLURAL
 from tests.helpers import wait_for
 from tests.kube.helpers import REPO, Kubectl, runs_pods
 from tests.operator.test_operator_pod_security import restricted_violations
@@ -402,7 +402,7 @@ class TestInstall:
     ) -> None:
         kubeconfig, ns, name = control_plane.kubeconfig, release.namespace, release.name
         fullname = f"{name}-inferop"
-        crd_before = kubectl.get("crd", "inferenceservices.inferop.dev", "")
+        crd_before = kubectl.get("crd", CRD_NAME, "")
         assert crd_before is not None, "the kubectl fixture applies the CRD first"
 
         # --wait where kwok runs the pods: the operator's Deployment becomes available. On 1.20 its Pod stays Pending
@@ -420,7 +420,7 @@ class TestInstall:
             assert kubectl.get("clusterrolebinding", f"{fullname}-{part}", "") is not None
         # Helm 4 server-side-applies crds/ on install even when the CRD exists: from the same file that
         # changes nothing (a CRD from another revision would conflict: see the chart's README).
-        crd_after = kubectl.get("crd", "inferenceservices.inferop.dev", "")
+        crd_after = kubectl.get("crd", CRD_NAME, "")
         assert crd_after is not None and crd_after["spec"] == crd_before["spec"]
         established = [c for c in crd_after["status"]["conditions"] if c["type"] == "Established"]
         assert established[0]["status"] == "True"
@@ -448,7 +448,7 @@ class TestInstall:
         assert kubectl.get("role", f"{fullname}-application", ns) is None
         assert kubectl.get("clusterrole", f"{fullname}-scanning", "") is None
         # CRDs outlive the release (helm never deletes crds/), so InferenceServices are not lost with it.
-        assert kubectl.get("crd", "inferenceservices.inferop.dev", "") is not None
+        assert kubectl.get("crd", CRD_NAME, "") is not None
 
 
 # Whether the release's apiserver runs PodSecurity admission (alpha in 1.22, on by default since 1.23, GA in 1.25):

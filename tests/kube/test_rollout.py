@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from inferop_devtools.cluster.controlplane import KubernetesRelease
+from inferop_operator.identity import CONFIG_HASH_ANNOTATION
 from tests.helpers import wait_for
 from tests.kube.helpers import GATEWAY_API, Kubectl, apply_text, condition, manifest, runs_pods
 
@@ -29,7 +30,7 @@ def patch(kubectl: Kubectl, name: str, namespace: str, spec: dict[str, Any]) -> 
 
 
 def config_hash(deployment: dict[str, Any]) -> str:
-    return str(deployment["spec"]["template"]["metadata"]["annotations"]["inferop.dev/config-hash"])
+    return str(deployment["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION])
 
 
 def test_a_change_runs_as_a_candidate_beside_the_stable_pods_until_aborted(
