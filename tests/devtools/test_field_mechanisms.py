@@ -177,8 +177,8 @@ def test_the_rendered_liveness_probe_restarts_a_stalled_server(model_repo: Expor
 def test_the_rendered_liveness_probe_leaves_an_overloaded_server_alone(
     model_repo: ExportedRepo, tmp_path: Path
 ) -> None:
-    """Heavy healthy load is no stall: the conv net on a quarter of a CPU, offered four times what it serves, with its
-    queue full and requests timing out of it, completes executions all along; the probe never fails."""
+    """Heavy healthy load is no stall: the conv net on a quarter of a CPU, offered more than it serves, with its queue
+    full and requests timing out of it, completes executions all along; the probe never fails."""
     from inferop.openloop import run_open_loop
     from inferop.serving.tritonserver import TritonServer, free_port
     from inferop_devtools.field.kubelet import LivenessProber
@@ -196,14 +196,17 @@ def test_the_rendered_liveness_probe_leaves_an_overloaded_server_alone(
     )
     board = np.zeros((1, *serving.inputs[0].dims), dtype=np.float32)
     limits = PodLimits(cpus=0.25)
-    with TritonServer(tmp_path / "repo", http_port=free_port(), limits=limits) as server:
-        capacity = run_open_loop(server.url, "conv_net", board, 2000.0, 3.0, timeout=10.0, drain=2.0).goodput
-        with LivenessProber(server, kubelet.liveness_probe, tmp_path, kubelet.grace_seconds) as prober:
-            # Every waiting caller holds a socket: at most 1,000 arrivals a second for 10 s stay well inside the
-            # process's file limit, which one busy run of this test at 4,000 a second and 30 s exhausted.
-            rate = min(4 * capacity, 1000.0)
-            overload = run_open_loop(server.url, "conv_net", board, rate, 12.0, timeout=2.5 * request_seconds)
-    assert overload.rejected > 0, "not overloaded: the queue never filled"
+    # Not a rate derived from a capacity measured under a flood: at 2,000 arrivals a second the quarter CPU went on
+    # connections, the measure came out at a tenth of what the server answers, and four times it did not fill the
+    # queue. 1,000 a second (about 2-3 times what it answers here) stays well inside the process's file limit
+    # (every waiting caller holds a socket), which a run at 4,000 a second exhausted.
+    with (
+        TritonServer(tmp_path / "repo", http_port=free_port(), limits=limits) as server,
+        LivenessProber(server, kubelet.liveness_probe, tmp_path, kubelet.grace_seconds) as prober,
+    ):
+        overload = run_open_loop(server.url, "conv_net", board, 1000.0, 12.0, timeout=2.5 * request_seconds)
+    served = overload.ok / overload.seconds
+    assert overload.rejected > 0, f"not overloaded: 1,000 requests a second offered, {served:.0f} a second answered"
     assert len(prober.runs) >= 12.0 / prober.period - 1
     assert prober.summary()["failures"] == 0, prober.summary()
     assert prober.restarts == []
