@@ -389,11 +389,13 @@ class AdviceLedger:
 
     def forget(self, uid: str) -> None:
         """A deleted service's entries: a long-running operator does not keep every uid it saw."""
-        for key in [key for key in self._said if key[0] == uid]:
-            del self._said[key]
+        with self._lock:
+            for key in [key for key in self._said if key[0] == uid]:
+                del self._said[key]
 
     def uids(self) -> set[str]:
-        return {uid for uid, _ in self._said}
+        with self._lock:
+            return {uid for uid, _ in self._said}
 
 
 def children(service: Service) -> list[tuple[str, str]]:

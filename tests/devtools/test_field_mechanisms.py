@@ -198,7 +198,7 @@ def test_the_rendered_liveness_probe_leaves_an_overloaded_server_alone(
     limits = PodLimits(cpus=0.25)
     # Not a rate derived from a capacity measured under a flood: at 2,000 arrivals a second the quarter CPU went on
     # connections, the measure came out at a tenth of what the server answers, and four times it did not fill the
-    # queue. 1,000 a second (about 2-3 times what it answers here) stays well inside the process's file limit
+    # queue. 1,000 a second (1.5-2.7 times what it answered in runs here) stays well inside the process's file limit
     # (every waiting caller holds a socket), which a run at 4,000 a second exhausted.
     with (
         TritonServer(tmp_path / "repo", http_port=free_port(), limits=limits) as server,
