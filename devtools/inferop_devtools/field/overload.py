@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from inferop.capacity import SERVED_SHARE_OF_CAPACITY, WAIT_SHARE_OF_TIMEOUT
-from inferop.limits import CFS_PERIOD_US
+from inferop.limits import CFS_PERIOD_US, PodLimits
 from inferop.memory import LOCAL_RUNTIME
+from inferop.openloop import OpenLoopResult
 from inferop.openloop import plot as plot_open_loop
 from inferop.quantity import format_bytes, parse_quantity
 from inferop.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
@@ -26,6 +27,7 @@ from inferop_devtools.field.pods import (
     NAIVE_SCHEDULING,
     OUT,
     Machine,
+    Rendered,
     at_most,
     closed_loop,
     describe,
@@ -116,25 +118,9 @@ def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, An
         plans.append(("naive", naive(ours), NAIVE_SCHEDULING, (2.0, 4.0), None))
     for label, serving, policy, levels, caller_timeout in plans:
         for factor in levels:
-            extra_args = kubelet.exit_timeout_args if label == "inferop" else None
-            with pod(serving, limits, cpu_scheduling=policy, extra_args=extra_args) as server:
-                paired: list[float] = []
-                probe: dict[str, Any] | None = None
-                if label == "inferop":
-                    assert server.cgroup is not None
-                    paired.append(closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine).throughput)
-                    server.cgroup.reset_peak()  # the peak of the arrivals alone
-                    with (
-                        tempfile.TemporaryDirectory(prefix="inferop-liveness-") as state,
-                        LivenessProber(server, kubelet.liveness_probe, Path(state), kubelet.grace_seconds) as prober,
-                    ):
-                        result, usage = open_loop(server, serving, capacity * factor, seconds, caller_timeout, machine)
-                    probe = prober.summary()
-                else:
-                    result, usage = open_loop(server, serving, capacity * factor, seconds, caller_timeout, machine)
-                alive = wait_out(server, 1.0)
-                if label == "inferop" and alive:
-                    paired.append(closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine).throughput)
+            result, usage, paired, probe, alive = overloaded(
+                label, serving, policy, limits, kubelet, capacity * factor, seconds, caller_timeout, callers, machine
+            )
             around = sum(paired) / len(paired) if paired else None
             plot = OUT / f"overload-{cpus:g}cpu-{label}-{factor:g}x.png"
             plot_open_loop(result, plot)
@@ -177,6 +163,42 @@ def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, An
         "runs": runs,
         "goals": goals,
     }
+
+
+def overloaded(
+    label: str,
+    serving: ServingConfig,
+    policy: CpuScheduling,
+    limits: PodLimits,
+    kubelet: Rendered,
+    rate: float,
+    seconds: float,
+    caller_timeout: float | None,
+    callers: int,
+    machine: Machine,
+) -> tuple[OpenLoopResult, dict[str, Any], list[float], dict[str, Any] | None, bool]:
+    """One pod offered `rate` open-loop: its result, its cgroup's usage, and for inferop's pod the capacity measured
+    on it just before and just after (`callers` closed-loop) and its liveness probe's runs; whether it lived."""
+    extra_args = kubelet.exit_timeout_args if label == "inferop" else None
+    with pod(serving, limits, cpu_scheduling=policy, extra_args=extra_args) as server:
+        paired: list[float] = []
+        probe: dict[str, Any] | None = None
+        if label == "inferop":
+            assert server.cgroup is not None
+            paired.append(closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine).throughput)
+            server.cgroup.reset_peak()  # the peak of the arrivals alone
+            with (
+                tempfile.TemporaryDirectory(prefix="inferop-liveness-") as state,
+                LivenessProber(server, kubelet.liveness_probe, Path(state), kubelet.grace_seconds) as prober,
+            ):
+                result, usage = open_loop(server, serving, rate, seconds, caller_timeout, machine)
+            probe = prober.summary()
+        else:
+            result, usage = open_loop(server, serving, rate, seconds, caller_timeout, machine)
+        alive = wait_out(server, 1.0)
+        if label == "inferop" and alive:
+            paired.append(closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine).throughput)
+    return result, usage, paired, probe, alive
 
 
 def quota_goals(

@@ -1,0 +1,63 @@
+"""One-off measurement behind the README's overload figures: how far inferop's goodput at 2x and 4x capacity moves
+between repeats of the same run, at one CPU quota. The overload drill (`make field`) makes each run once; this makes
+the inferop side of it `--repeats` times on one capacity measure, each run compared with the capacity measured on
+its own server just before and just after, as the drill compares it.
+
+    python -m inferop_devtools.oneoff.overload_spread [--cpus 1] [--repeats 3] [--seconds 60]
+
+Run by hand, quote as a one-off measurement with its date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from inferop.memory import LOCAL_RUNTIME
+from inferop.quantity import parse_quantity
+from inferop.scheduling import DEFAULT_CPU_SCHEDULING
+from inferop_devtools.field.overload import NETWORK, WINDOW_SECONDS, overloaded
+from inferop_devtools.field.pods import Machine, closed_loop, planned, pod, pod_spec, rendered
+from inferop_operator.plan import memory_limit, plan_service
+from inferop_operator.spec import parse_spec
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--cpus", type=float, default=1.0, help="the pod's CPU quota")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=60.0, help="open-loop arrivals per run")
+    args = parser.parse_args()
+    machine = Machine.split()
+    unlimited = parse_spec(pod_spec(NETWORK, cpus=args.cpus))
+    memory = int(parse_quantity(memory_limit(plan_service(unlimited, LOCAL_RUNTIME).memory.required_bytes)))
+    spec = pod_spec(NETWORK, cpus=args.cpus, memory=memory)
+    ours, kubelet = planned(spec), rendered(spec)
+    limits = machine.limits(cpus=args.cpus, memory_bytes=memory)
+    callers = 2 * ours.instances * ours.max_batch_size
+    timeout = unlimited.timeouts.request_seconds
+    with pod(ours, limits) as server:
+        capacity = closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine).throughput
+    runs: list[dict[str, Any]] = []
+    for repeat in range(args.repeats):
+        for factor in (2.0, 4.0):
+            result, _, paired, _, alive = overloaded(
+                "inferop", ours, DEFAULT_CPU_SCHEDULING, limits, kubelet, capacity * factor, args.seconds,
+                timeout * 1.1, callers, machine,
+            )  # fmt: skip
+            around = sum(paired) / len(paired) if paired else None
+            share = round(result.goodput / around, 3) if around else None
+            runs.append({"repeat": repeat, "factor": factor, "goodput": round(result.goodput, 3),
+                         "capacity_windows": [round(v, 3) for v in paired], "share_of_capacity_around": share,
+                         "rejected": result.rejected, "alive": alive})  # fmt: skip
+            print(json.dumps(runs[-1]), flush=True)
+    shares = {f"{f:g}x": [r["share_of_capacity_around"] for r in runs if r["factor"] == f] for f in (2.0, 4.0)}
+    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "cpus": args.cpus, "capacity": round(capacity, 3),
+                      "shares": shares}, indent=1))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
