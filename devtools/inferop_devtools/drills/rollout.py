@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -39,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from inferop_devtools.choices import add_subset_option
-from inferop_devtools.drills.traffic import Request, Sent, Traffic, board_request
+from inferop_devtools.drills.traffic import Mix, Request, Sent, Traffic, board_request
 from inferop_devtools.gateway.plane import GATEWAY, MODELS, GatewayPlane, pod_cidr, wait_for
 from inferop_operator.identity import COMPONENT, COMPONENTS, INSTANCE
 
@@ -75,14 +76,32 @@ class Settings:
         return {"steps": self.steps, "stepSeconds": self.step_seconds, "analysis": analysis, **changes}
 
 
-def cpuset(pod: dict[str, Any]) -> str | None:
+def track_cpu(component: str) -> int | None:
     """Each track on a CPU of its own, as a candidate's pods on nodes beside the stable ones: the last CPU for the
     stable pods, the first for the candidate's (the control plane, Envoy and the load float over both)."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         return None
-    component = pod["metadata"]["labels"].get(COMPONENT)
-    return str(cpus[-1] if component == COMPONENTS["stable"] else cpus[0])
+    return cpus[-1] if component == COMPONENTS["stable"] else cpus[0]
+
+
+def cpuset(pod: dict[str, Any]) -> str | None:
+    cpu = track_cpu(pod["metadata"]["labels"].get(COMPONENT, ""))
+    return None if cpu is None else str(cpu)
+
+
+def pin(pids: list[str], cpus: str) -> None:
+    """Every thread of each process on `cpus` (a CPU list, e.g. "1" or "0,1")."""
+    for pid in pids:
+        subprocess.run(["taskset", "--all-tasks", "-p", "-c", cpus, pid], check=True, capture_output=True)
+
+
+def comm(pid: str) -> str:
+    """A process's command name, or "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def faults(config: str) -> dict[str, str]:
@@ -238,6 +257,7 @@ class Drill:
     models: Models
     settings: Settings
     boards: dict[str, Request] = field(default_factory=dict)
+    callers_cpus: frozenset[int] | None = None  # where the callers run (gateway_beside_stable); None: anywhere
 
     def __post_init__(self) -> None:
         rng = np.random.default_rng(1)
@@ -252,9 +272,9 @@ class Drill:
             "header": board_request("header", plain, outputs, {HEADER["name"]: HEADER["value"]}),
         }
 
-    def live(self) -> Callable[[np.random.Generator], Request]:
+    def live(self) -> Mix:
         """A tenth of the boards carry the value the failing build breaks on."""
-        return lambda rng: self.boards["marked"] if rng.random() < FAILING_SHARE else self.boards["plain"]
+        return [(self.boards["marked"], FAILING_SHARE), (self.boards["plain"], 1 - FAILING_SHARE)]
 
     @contextmanager
     def service(self, name: str, rollout: dict[str, Any]) -> Iterator[Observer]:
@@ -267,7 +287,7 @@ class Drill:
                 180,
                 self.plane.cluster.pods_and_warnings,
             )
-            probe = Traffic(self.plane.envoy_address, host(name), MODEL, 1.0, lambda rng: self.boards["plain"])
+            probe = Traffic(self.plane.envoy_address, host(name), MODEL, 1.0, [(self.boards["plain"], 1.0)])
             wait_for(lambda: self._answers(probe), f"{name} answering through the gateway", 60)
             observer = Observer(self.plane, name).run()
             yield observer
@@ -288,8 +308,10 @@ class Drill:
         time.sleep(1.5)
         return any(s.kind == "ok" for s in probe.stop())
 
-    def traffic(self, name: str, pick: Callable[[np.random.Generator], Request] | None = None) -> Traffic:
-        return Traffic(self.plane.envoy_address, host(name), MODEL, self.settings.rate, pick or self.live()).start()
+    def traffic(self, name: str, mix: Mix | None = None) -> Traffic:
+        return Traffic(
+            self.plane.envoy_address, host(name), MODEL, self.settings.rate, mix or self.live(), cpus=self.callers_cpus
+        ).start()
 
     def change(self, name: str, spec: dict[str, Any]) -> float:
         self.plane.patch_service(name, spec)
@@ -397,60 +419,95 @@ class Drill:
             observer.final(60)
             after(observer)
 
-    def burst(self, name: str, pick: Callable[[np.random.Generator], Request], seconds: float) -> list[Sent]:
+    @contextmanager
+    def gateway_beside_stable(self) -> Iterator[None]:
+        """Envoy and the callers on the stable track's CPU, away from the candidate's: on a cluster the candidate's
+        pods run on nodes of their own, and the gateway in front of every caller runs beside neither (here the
+        candidate's work on the CPU it shared with them delayed every call)."""
+        stable = track_cpu(COMPONENTS["stable"])
+        envoys = [pid for pid in os.listdir("/proc") if pid.isdigit() and comm(pid) == "envoy"]
+        if stable is None or not envoys:
+            raise RuntimeError(f"no CPU of the stable track's ({stable}) or no Envoy process ({envoys})")
+        pin(envoys, str(stable))
+        self.callers_cpus = frozenset({stable})
+        try:
+            yield
+        finally:
+            self.callers_cpus = None
+            pin(envoys, ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+
+    def burst(self, name: str, mix: Mix, seconds: float) -> list[Sent]:
         """Traffic for `seconds`, then until every answer is in."""
-        traffic = self.traffic(name, pick)
+        traffic = self.traffic(name, mix)
         time.sleep(seconds)
         outcomes = traffic.stop()
         time.sleep(2)  # the last mirrored copies reach the candidate, the last scrape needs none: counts are read
         return outcomes
 
     def shadow(self) -> dict[str, Any]:
-        name, seconds = "shadow", 30.0
-        plain = self.boards["plain"]
-        rollout = self.settings.rollout(steps=[0, 100], shadow={"percent": 20})
-        # Without the shadow just before it and just after it (the candidate gone): this machine's p99 moves by
-        # tens of percent between windows, which one window before could not tell from the shadow's cost.
-        baselines: list[dict[str, Any]] = []
-        stable_ms: list[float | None] = []  # the stable pods' own time a request, in each window
-
-        def measured(observer: Observer) -> list[Sent]:
-            observer.sample()
-            first = observer.server_time(COMPONENTS["stable"])
-            outcomes = self.burst(name, lambda rng: plain, seconds)
-            observer.sample()
-            last = observer.server_time(COMPONENTS["stable"])
-            answered, spent = last[0] - first[0], last[1] - first[1]
-            stable_ms.append(round(spent / answered / 1e3, 3) if answered else None)
-            return outcomes
-
-        def without_shadow(observer: Observer) -> None:
-            baselines.append(callers(measured(observer)))
-
+        """Two services, each with a candidate held at 0%: one mirrors 20% of its live requests to its candidate,
+        the other routes to its candidate only header-matched requests, which no caller here sends. Windows alternate
+        between them, so what a rollout in flight costs this machine (the candidate's pods, their scrapes, the
+        analysis, the operator's ticks) falls on both alike, and what differs is the mirror."""
+        seconds, pairs = 15.0, 6
+        plain = [(self.boards["plain"], 1.0)]
         change = {"batching": {"maxQueueDelayMicroseconds": 0}}
-        with self.held(name, rollout, change, without_shadow, without_shadow) as observer:
-            observer.sample()
-            before = (observer.received("predictor"), observer.received("canary"))
-            outcomes = measured(observer)
-            observer.sample()
-            stable = observer.received("predictor") - before[0]
-            mirrored = observer.received("canary") - before[1]
-        sent, shadowed = len(outcomes), callers(outcomes)
-        share = mirrored / sent if sent else 0.0
-        without = [b["p99_ms"] for b in baselines if b["p99_ms"]]
-        reference = sum(without) / len(without) if len(without) == 2 else None
-        p99_ratio = shadowed["p99_ms"] / reference if reference and shadowed["p99_ms"] else None
+        mirroring = self.settings.rollout(steps=[0, 100], shadow={"percent": 20})
+        not_mirroring = self.settings.rollout(steps=[0, 100], header=HEADER)
+        no_rollout: list[list[Sent]] = []  # the mirroring service before its change and after its abort
+
+        def without_rollout(observer: Observer) -> None:
+            no_rollout.append(self.burst("shadow", plain, seconds))
+
+        sent: dict[str, list[Sent]] = {"mirrored": [], "unmirrored": []}
+        counted = {side: {"stable": 0.0, "candidate": 0.0, "stable_us": 0.0} for side in sent}
+        with (
+            self.gateway_beside_stable(),
+            self.held("shadow", mirroring, change, without_rollout, without_rollout) as mirrored,
+            self.held("unmirrored", not_mirroring, change) as unmirrored,
+        ):
+            for _ in range(pairs):
+                for side, name, observer in (
+                    ("mirrored", "shadow", mirrored),
+                    ("unmirrored", "unmirrored", unmirrored),
+                ):
+                    observer.sample()
+                    first = (observer.received("predictor"), observer.received("canary"))
+                    first_time = observer.server_time(COMPONENTS["stable"])[1]
+                    sent[side] += self.burst(name, plain, seconds)
+                    observer.sample()
+                    counted[side]["stable"] += observer.received("predictor") - first[0]
+                    counted[side]["candidate"] += observer.received("canary") - first[1]
+                    counted[side]["stable_us"] += observer.server_time(COMPONENTS["stable"])[1] - first_time
+        shadowed, unshadowed = callers(sent["mirrored"]), callers(sent["unmirrored"])
+        mirrored_sent = len(sent["mirrored"])
+        share = counted["mirrored"]["candidate"] / mirrored_sent if mirrored_sent else 0.0
+        p99_ratio = shadowed["p99_ms"] / unshadowed["p99_ms"] if shadowed["p99_ms"] and unshadowed["p99_ms"] else None
+        idle = [callers(window)["p99_ms"] for window in no_rollout]
         return {
-            "sent": sent, "mirrored_to_candidate": mirrored, "share": round(share, 4), "answered_by_stable": stable,
-            "callers": shadowed, "p99_ms_without_shadow_before_and_after": without,
+            "sent": mirrored_sent, "mirrored_to_candidate": counted["mirrored"]["candidate"], "share": round(share, 4),
+            "answered_by_stable": counted["mirrored"]["stable"], "callers": shadowed,
+            "callers_without_the_mirror": unshadowed,
+            "candidate_received_without_the_mirror": counted["unmirrored"]["candidate"],
             "stable_p99_ratio": None if p99_ratio is None else round(p99_ratio, 3),
-            # Reported, not a goal: where the callers' extra time was spent (before, with the shadow, after).
-            "stable_server_ms_a_request_before_with_after": [stable_ms[0], stable_ms[2], stable_ms[1]],
+            # Reported, not goals: the stable pods' own time a request on each side, and the callers' p99 with no
+            # rollout in flight (before the change and after the abort), where the machine also runs no candidate.
+            "stable_server_ms_a_request": {
+                side: round(c["stable_us"] / c["stable"] / 1e3, 3) if c["stable"] else None
+                for side, c in counted.items()
+            },
+            "p99_ms_without_a_rollout_before_and_after": idle,
             "goals": goals(
                 ("the candidate receives 20% +- 3% of live requests", 0.17 <= share <= 0.23),
-                ("callers get no answer from it (every request answered by the stable pods)", stable == sent),
-                ("no caller fails", shadowed["failed"] == 0),
-                ("stable p99 within 10% of no shadow (before and after)", p99_ratio is not None and p99_ratio <= 1.10),
+                (
+                    "callers get no answer from it (every request answered by the stable pods)",
+                    counted["mirrored"]["stable"] == mirrored_sent,
+                ),
+                ("no caller fails", shadowed["failed"] == unshadowed["failed"] == 0),
+                (
+                    "stable p99 within 10% of no shadow (the same rollout without the mirror, windows alternating)",
+                    p99_ratio is not None and p99_ratio <= 1.10,
+                ),
             ),
         }  # fmt: skip
 
@@ -460,8 +517,7 @@ class Drill:
         with self.held(name, rollout, {"batching": {"maxQueueDelayMicroseconds": 0}}) as observer:
             observer.sample()
             before = (observer.received("predictor"), observer.received("canary"))
-            pick = lambda rng: self.boards["header"] if rng.random() < 0.5 else self.boards["plain"]  # noqa: E731
-            outcomes = self.burst(name, pick, 15.0)
+            outcomes = self.burst(name, [(self.boards["header"], 0.5), (self.boards["plain"], 0.5)], 15.0)
             observer.sample()
             stable = observer.received("predictor") - before[0]
             candidate = observer.received("canary") - before[1]
