@@ -78,7 +78,8 @@ class Settings:
 
 def track_cpu(component: str) -> int | None:
     """Each track on a CPU of its own, as a candidate's pods on nodes beside the stable ones: the last CPU for the
-    stable pods, the first for the candidate's (the control plane, Envoy and the load float over both)."""
+    stable pods, the first for the candidate's (the control plane floats over both, and so do Envoy and the load but
+    in the shadow scenario: Drill.gateway_beside_stable)."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         return None
