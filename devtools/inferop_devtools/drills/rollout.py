@@ -423,8 +423,8 @@ class Drill:
     @contextmanager
     def gateway_beside_stable(self) -> Iterator[None]:
         """Envoy and the callers on the stable track's CPU, away from the candidate's: on a cluster the candidate's
-        pods run on nodes of their own, and the gateway in front of every caller runs beside neither (here the
-        candidate's work on the CPU it shared with them delayed every call)."""
+        pods run on nodes of their own, and the gateway in front of every caller runs beside neither (otherwise here
+        the gateway and the callers share a CPU with the candidate's work on the mirrored copies)."""
         stable = track_cpu(COMPONENTS["stable"])
         envoys = [pid for pid in os.listdir("/proc") if pid.isdigit() and comm(pid) == "envoy"]
         if stable is None or not envoys:

@@ -3,9 +3,9 @@ lasts, each request one of a few kinds (a plain board, a board a failing candida
 caller), every outcome kept with the time it was sent, so a drill can tell what callers got at each moment of a
 rollout.
 
-The callers run in a process of their own: in the drill's process they shared the interpreter with the threads that
-watch the rollout and read every pod's metrics, and each of those reads delayed the callers' clocks (more of them
-while a candidate's pods were up), which the callers' latency then counted as the gateway's and the servers'."""
+The callers run in a process of their own: in the drill's process they would share the interpreter with the threads
+that watch the rollout and read every pod's metrics (more of them while a candidate's pods are up), and any wait for
+it would count in the callers' latency as the gateway's and the servers'."""
 
 from __future__ import annotations
 
