@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,25 +71,53 @@ def drill_overload(machine: Machine, seconds: float = 60.0) -> dict[str, Any]:
     }
 
 
-def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, Any]:
+@dataclass(frozen=True)
+class QuotaPod:
+    """inferop's Inception pod at one CPU quota, as the operator sizes it: its memory limit from the estimate (as the
+    manifest sizes it), its serving config, the kubelet's probe and exit timeout, the cgroup limits."""
+
+    timeout: float  # requestSeconds
+    memory: int
+    ours: ServingConfig
+    kubelet: Rendered
+    limits: PodLimits
+    exported: float  # export's capacity at this quota: what the bound was derived from
+
+    @property
+    def batch_round(self) -> int:
+        return self.ours.instances * self.ours.max_batch_size
+
+    @property
+    def capacity_callers(self) -> int:
+        """Enough closed-loop callers that the batcher always forms full batches, as it does under overload."""
+        return 2 * self.batch_round
+
+
+def quota_pod(machine: Machine, cpus: float) -> QuotaPod:
     unlimited = parse_spec(pod_spec(NETWORK, cpus=cpus))
-    timeout = unlimited.timeouts.request_seconds
     estimate = plan_service(unlimited, LOCAL_RUNTIME).memory.required_bytes
-    memory = int(parse_quantity(memory_limit(estimate)))  # as the manifest sizes it
+    memory = int(parse_quantity(memory_limit(estimate)))
     spec = pod_spec(NETWORK, cpus=cpus, memory=memory)
-    ours = planned(spec)
-    kubelet = rendered(spec)
-    limits = machine.limits(cpus=cpus, memory_bytes=memory)
     per_cpu = unlimited.model.profile.samples_per_cpu_second
     assert per_cpu is not None, "inferop export measures the capacity into the profile"
-    exported = per_cpu * cpus  # what the bound was derived from
-    batch_round = ours.instances * ours.max_batch_size
+    return QuotaPod(
+        timeout=unlimited.timeouts.request_seconds,
+        memory=memory,
+        ours=planned(spec),
+        kubelet=rendered(spec),
+        limits=machine.limits(cpus=cpus, memory_bytes=memory),
+        exported=per_cpu * cpus,
+    )
 
-    # Capacity of this config: enough callers that the batcher always forms full batches, as it does under
-    # overload. It sets the offered rates. Each inferop run measures it again on its own server just before and
-    # just after its arrivals, and compares its goodput with their mean: consecutive windows of the same server
-    # here differ by up to 15%.
-    callers = 2 * batch_round
+
+def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, Any]:
+    quota = quota_pod(machine, cpus)
+    timeout, memory, ours, kubelet, limits = quota.timeout, quota.memory, quota.ours, quota.kubelet, quota.limits
+    exported, batch_round, callers = quota.exported, quota.batch_round, quota.capacity_callers
+
+    # The capacity of this config sets the offered rates. Each inferop run measures it again on its own server just
+    # before and just after its arrivals, and compares its goodput with their mean: consecutive windows of the same
+    # server here differ by up to 15%.
     with pod(ours, limits) as server:
         capacity = closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine).throughput
         answerable = max(1, math.floor(capacity * timeout * ADMITTED_SHARE_OF_TIMEOUT))
@@ -119,7 +148,7 @@ def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, An
     for label, serving, policy, levels, caller_timeout in plans:
         for factor in levels:
             result, usage, paired, probe, alive = overloaded(
-                label, serving, policy, limits, kubelet, capacity * factor, seconds, caller_timeout, callers, machine
+                label, quota, serving, policy, capacity * factor, seconds, caller_timeout, machine
             )
             around = sum(paired) / len(paired) if paired else None
             plot = OUT / f"overload-{cpus:g}cpu-{label}-{factor:g}x.png"
@@ -167,18 +196,18 @@ def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, An
 
 def overloaded(
     label: str,
+    quota: QuotaPod,
     serving: ServingConfig,
     policy: CpuScheduling,
-    limits: PodLimits,
-    kubelet: Rendered,
     rate: float,
     seconds: float,
     caller_timeout: float | None,
-    callers: int,
     machine: Machine,
 ) -> tuple[OpenLoopResult, dict[str, Any], list[float], dict[str, Any] | None, bool]:
-    """One pod offered `rate` open-loop: its result, its cgroup's usage, and for inferop's pod the capacity measured
-    on it just before and just after (`callers` closed-loop) and its liveness probe's runs; whether it lived."""
+    """One pod at `quota` serving `serving`, offered `rate` open-loop: its result, its cgroup's usage, and for
+    inferop's pod the capacity measured on it just before and just after and its liveness probe's runs; whether it
+    lived."""
+    kubelet, limits, callers = quota.kubelet, quota.limits, quota.capacity_callers
     extra_args = kubelet.exit_timeout_args if label == "inferop" else None
     with pod(serving, limits, cpu_scheduling=policy, extra_args=extra_args) as server:
         paired: list[float] = []

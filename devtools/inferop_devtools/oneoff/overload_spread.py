@@ -15,13 +15,9 @@ import json
 import time
 from typing import Any
 
-from inferop.memory import LOCAL_RUNTIME
-from inferop.quantity import parse_quantity
 from inferop.scheduling import DEFAULT_CPU_SCHEDULING
-from inferop_devtools.field.overload import NETWORK, WINDOW_SECONDS, overloaded
-from inferop_devtools.field.pods import Machine, closed_loop, planned, pod, pod_spec, rendered
-from inferop_operator.plan import memory_limit, plan_service
-from inferop_operator.spec import parse_spec
+from inferop_devtools.field.overload import NETWORK, WINDOW_SECONDS, overloaded, quota_pod
+from inferop_devtools.field.pods import Machine, closed_loop, pod
 
 
 def main() -> int:
@@ -31,21 +27,15 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="open-loop arrivals per run")
     args = parser.parse_args()
     machine = Machine.split()
-    unlimited = parse_spec(pod_spec(NETWORK, cpus=args.cpus))
-    memory = int(parse_quantity(memory_limit(plan_service(unlimited, LOCAL_RUNTIME).memory.required_bytes)))
-    spec = pod_spec(NETWORK, cpus=args.cpus, memory=memory)
-    ours, kubelet = planned(spec), rendered(spec)
-    limits = machine.limits(cpus=args.cpus, memory_bytes=memory)
-    callers = 2 * ours.instances * ours.max_batch_size
-    timeout = unlimited.timeouts.request_seconds
-    with pod(ours, limits) as server:
-        capacity = closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine).throughput
+    quota = quota_pod(machine, args.cpus)
+    with pod(quota.ours, quota.limits) as server:
+        capacity = closed_loop(server, NETWORK, quota.capacity_callers, WINDOW_SECONDS, machine).throughput
     runs: list[dict[str, Any]] = []
     for repeat in range(args.repeats):
         for factor in (2.0, 4.0):
             result, _, paired, _, alive = overloaded(
-                "inferop", ours, DEFAULT_CPU_SCHEDULING, limits, kubelet, capacity * factor, args.seconds,
-                timeout * 1.1, callers, machine,
+                "inferop", quota, quota.ours, DEFAULT_CPU_SCHEDULING, capacity * factor, args.seconds,
+                quota.timeout * 1.1, machine,
             )  # fmt: skip
             around = sum(paired) / len(paired) if paired else None
             share = round(result.goodput / around, 3) if around else None
