@@ -41,6 +41,8 @@ LEAD_S = 0.05
 # the queue policy's timeout answers {"error":"Request timeout expired"}.
 QUEUE_FULL = "Exceeds maximum queue size"
 QUEUE_TIMEOUT = "Request timeout expired"
+# Envoy refusing for a full backend (a gateway's circuit breaker, sized from the queue bound): 503 with this body.
+GATEWAY_FULL = "reset reason: overflow"
 
 
 def arrival_times(rate: float, seconds: float, process: Process = "poisson", seed: int = 0) -> np.ndarray:
@@ -64,7 +66,7 @@ def arrival_times(rate: float, seconds: float, process: Process = "poisson", see
 
 def classify(status: int, message: str) -> Kind:
     """What a non-200 answer from Triton means for the caller."""
-    if status == 503 and QUEUE_FULL in message:
+    if status == 503 and (QUEUE_FULL in message or GATEWAY_FULL in message):
         return "rejected"
     if status == 503 and QUEUE_TIMEOUT in message:
         return "timed_out"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferop import scheduling
+from inferop.capacity import gateway_admission
 from inferop.tritonconfig import render_model_config
 from inferop_operator import identity, liveness
 from inferop_operator.identity import (
@@ -538,6 +539,44 @@ def build_http_route(service: Service, api_version: str) -> dict[str, Any]:
     }
 
 
+ENVOY_GATEWAY_GROUP = "gateway.envoyproxy.io"
+# Envoy's circuit-breaker thresholds are 32-bit counts: the largest stands for "no limit" on the whole backend.
+NO_LIMIT = 2**32 - 1
+
+
+def build_admission_policy(service: Service, api_version: str) -> dict[str, Any]:
+    """Envoy Gateway's BackendTrafficPolicy for the service's HTTPRoute: Envoy refuses (503, at once) a request that
+    the pods would reject, before its body reaches one (inferop.capacity.gateway_admission).
+
+    The bound is on the backend's parallel requests, counted when a request is handed to a connection: a request
+    beyond it is refused then, never held waiting for one, and callers arriving together are not refused while
+    connections open. It counts every pod the route may reach: the stable track's most (the autoscaler's maximum)
+    and, during a rollout, the candidate's. Fewer pods, or a rule reaching one track only, may be sent more than they
+    hold, which their own bound then rejects; never less. Each Envoy replica counts its own."""
+    tracks = [(service, most_pods(service.spec))]
+    if service.candidate is not None:
+        tracks.append((service.candidate, service.routing.candidate_replicas))
+    admitted = sum(
+        gateway_admission(pods, track.spec.instances, track.spec.batching.max_batch_size, track.plan.queue.size)
+        for track, pods in tracks
+    )
+    # Requests wait for a connection only while it opens: as many may as the pods hold.
+    breaker = {"maxParallelRequests": admitted, "maxPendingRequests": admitted, "maxConnections": NO_LIMIT}
+    return {
+        "apiVersion": api_version,
+        "kind": "BackendTrafficPolicy",
+        "metadata": metadata(service, service.name),
+        "spec": {
+            "targetRefs": [{"group": GATEWAY_GROUP, "kind": "HTTPRoute", "name": service.name}],
+            "circuitBreaker": breaker,
+        },
+    }
+
+
+def most_pods(spec: InferenceServiceSpec) -> int:
+    return spec.autoscaling.max_replicas if spec.autoscaling is not None else spec.replicas
+
+
 def candidate_of(service: Service) -> Service:
     """The candidate track of a service that has one."""
     if service.candidate is None:
@@ -556,7 +595,8 @@ class Child:
 
     `versions` are the candidates, preferred first: the handlers use the first one the server offers (looked up
     once, where there are several) and pass it to `build` as the manifest's apiVersion. A child with a `when`
-    is deleted while `when` is false; one without is always applied.
+    is deleted while `when` is false; one without is always applied. An `extension` child is left alone (neither
+    applied nor deleted) where the cluster does not serve its kind.
     """
 
     kind: str
@@ -567,6 +607,8 @@ class Child:
     build: Callable[[Service, str], dict[str, Any]]
     when: Callable[[Service], bool] | None = None
     removal: tuple[str, str] = ("ChildRemoved", "no longer wanted")  # Event reason and why, on deletion
+    # An implementation's extension (not Kubernetes' or Gateway API's own): written only where the cluster serves it.
+    extension: bool = False
 
     def wanted(self, service: Service) -> bool:
         return self.when is None or self.when(service)
@@ -621,7 +663,7 @@ CHILDREN = (
         ("v1", "v1beta1"),  # v1 from 1.21, v1beta1 until 1.24
         lambda s: s.name,
         build_pdb,
-        when=lambda s: (s.spec.autoscaling.max_replicas if s.spec.autoscaling else s.spec.replicas) > 1,
+        when=lambda s: most_pods(s.spec) > 1,
         removal=("DisruptionBudgetRemoved", "at most one pod runs"),
     ),
     Child(
@@ -648,5 +690,16 @@ CHILDREN = (
         build_http_route,
         when=lambda s: s.routing.gateway is not None,
         removal=("RouteRemoved", "no gateway"),
+    ),
+    Child(
+        "BackendTrafficPolicy",
+        ENVOY_GATEWAY_GROUP,
+        "backendtrafficpolicies",
+        ("v1alpha1",),
+        lambda s: s.name,
+        build_admission_policy,
+        when=lambda s: s.routing.gateway is not None,
+        removal=("AdmissionRemoved", "no gateway"),
+        extension=True,
     ),
 )

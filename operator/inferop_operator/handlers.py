@@ -447,6 +447,8 @@ def apply_children(service: Service, body: Any, delete_unwanted: bool = True) ->
             continue
         try:
             version = kube.served_version(child)
+            if child.extension and not kube.serves(version, child.plural):
+                continue
             if action == "apply":
                 applied[child.kind, name] = kube.apply(child.build(service, version))
             elif kube.delete(version, child.kind, service.namespace, name):

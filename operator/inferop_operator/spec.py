@@ -541,7 +541,11 @@ class InferenceServiceSpec(Serving):
     )
     gateway: GatewayRef | None = Field(
         default=None,
-        description="Route callers through this Gateway (an HTTPRoute); unset: the operator's default gateway, if any.",
+        description=(
+            "Route callers through this Gateway (an HTTPRoute; where Envoy Gateway is served, also a "
+            "BackendTrafficPolicy that refuses at the gateway what the pods would reject); unset: the operator's "
+            "default gateway, if any."
+        ),
     )
     rollout: Rollout | None = Field(
         default=None,

@@ -66,7 +66,7 @@ class TestArrivalTimes:
 
 
 class TestClassify:
-    # Bodies exactly as tritonserver 2.51 answered over HTTP.
+    # Bodies exactly as tritonserver 2.51 (and Envoy in front of it) answered over HTTP.
     @pytest.mark.parametrize(
         ("status", "body", "kind"),
         [
@@ -75,6 +75,13 @@ class TestClassify:
             (400, "{\"error\":\"unexpected shape for input 'board' for model 'conv_net'\"}", "failed"),
             (404, '{"error":"Request for unknown model: \'nope\' is not found"}', "failed"),
             (500, '{"error":"Exceeds maximum queue size"}', "failed"),  # not the queue's status: something else
+            # Envoy 1.39's answer when a gateway's circuit breaker (sized from the queue bound) refuses
+            (503, "upstream connect error or disconnect/reset before headers. reset reason: overflow", "rejected"),
+            (
+                503,
+                "upstream connect error or disconnect/reset before headers. reset reason: connection failure",
+                "failed",
+            ),
         ],
     )
     def test_triton_answers(self, status: int, body: str, kind: str) -> None:

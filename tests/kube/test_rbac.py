@@ -395,6 +395,7 @@ class TestNamespaced:
             "services": {"create", "patch", "delete"},
             "httproutes.gateway.networking.k8s.io": {"create", "patch", "delete"},
             "gateways.gateway.networking.k8s.io": {"get"},
+            "backendtrafficpolicies.gateway.envoyproxy.io": {"create", "patch", "delete"},
             "horizontalpodautoscalers.autoscaling": {"create", "patch", "delete"},
             "poddisruptionbudgets.policy": {"create", "patch", "delete"},
             "networkpolicies.networking.k8s.io": {"create", "patch", "delete"},

@@ -25,6 +25,7 @@ from inferop_operator.builders import (
     MODEL_SOURCE,
     Routing,
     Service,
+    build_admission_policy,
     build_config_map,
     build_deployment,
     build_hpa,
@@ -745,6 +746,7 @@ class TestChildren:
             ("networking.k8s.io", "networkpolicies"),
             ("apps", "deployments"),
             ("gateway.networking.k8s.io", "httproutes"),
+            ("gateway.envoyproxy.io", "backendtrafficpolicies"),
         }
 
     def test_optional_children_are_deleted_and_the_stable_track_never(self) -> None:
@@ -759,7 +761,8 @@ class TestChildren:
             ("Deployment", "conv-net-canary"),
         ]
         assert all(
-            verbs[key] == {"create", "patch", "delete"} for key in [*optional, *candidate, ("HTTPRoute", "conv-net")]
+            verbs[key] == {"create", "patch", "delete"}
+            for key in [*optional, *candidate, ("HTTPRoute", "conv-net"), ("BackendTrafficPolicy", "conv-net")]
         )
         stable = [("ConfigMap", "conv-net-config"), ("Service", "conv-net"), ("Deployment", "conv-net")]
         assert all(verbs[key] == {"create", "patch"} for key in stable)
@@ -862,6 +865,57 @@ class TestHttpRoute:
         """A rolled back candidate leaves no backend, match or mirror behind (kserve#2130, seldon#5181)."""
         service = replace(rolling(Traffic(weight=50, mirror_percent=20, header=True)), candidate=None)
         assert "conv-net-canary" not in str(self.route(service))
+
+
+def held_before_rejecting(service: Service) -> int:
+    """Requests a pod of `service` holds before Triton rejects, read from its rendered config: the queue bound and
+    a batch in execution per instance."""
+    config = parse_model_config(build_config_map(service)["data"]["config.pbtxt"])
+    return config.dynamic_batching.default_queue_policy.max_queue_size + (
+        config.instance_group[0].count * config.max_batch_size
+    )
+
+
+class TestAdmissionPolicy:
+    def breaker(self, service: Service) -> dict[str, Any]:
+        policy = build_admission_policy(service, "gateway.envoyproxy.io/v1alpha1")
+        assert policy["kind"] == "BackendTrafficPolicy"
+        assert policy["metadata"]["ownerReferences"] == [owner_reference()]
+        assert policy["spec"]["targetRefs"] == [
+            {"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "conv-net"}
+        ]
+        breaker: dict[str, Any] = policy["spec"]["circuitBreaker"]
+        return breaker
+
+    def test_the_gateway_sends_the_pods_no_more_than_they_hold(self) -> None:
+        service = replace(make_service(example("conv-net.yaml")), routing=Routing(gateway=GATEWAY))
+        held = held_before_rejecting(service)
+        assert held == 128 + 2 * 16  # the example's queue bound, two instances of 16
+        assert self.breaker(service) == {
+            "maxParallelRequests": held * service.spec.replicas,
+            "maxPendingRequests": held * service.spec.replicas,  # only while connections open
+            "maxConnections": 2**32 - 1,
+        }
+
+    def test_autoscaled_every_pod_it_may_run(self) -> None:
+        raw = raw_spec(autoscaling={"minReplicas": 1, "maxReplicas": 5, "metric": "queueTime", "target": 200})
+        service = replace(make_service(raw), routing=Routing(gateway=GATEWAY))
+        assert self.breaker(service)["maxParallelRequests"] == 5 * held_before_rejecting(service)
+
+    def test_during_a_rollout_the_pods_of_both_tracks(self) -> None:
+        service = rolling(Traffic(weight=50))  # the stable pods run one instance, the candidate's two
+        stable, candidate = held_before_rejecting(service), held_before_rejecting(candidate_of(service))
+        assert stable != candidate
+        both = service.spec.replicas * stable + service.routing.candidate_replicas * candidate
+        assert self.breaker(service)["maxParallelRequests"] == both
+        assert self.breaker(replace(service, candidate=None))["maxParallelRequests"] == service.spec.replicas * stable
+
+    def test_written_with_the_route_and_only_where_envoy_gateway_is_served(self) -> None:
+        (policy,) = (child for child in CHILDREN if child.kind == "BackendTrafficPolicy")
+        assert policy.extension and not any(c.extension for c in CHILDREN if c is not policy)
+        assert policy.wanted(replace(make_service(raw_spec()), routing=Routing(gateway=GATEWAY)))
+        assert not policy.wanted(make_service(raw_spec()))
+        assert policy.removal[0] == "AdmissionRemoved"
 
 
 class TestRouting:

@@ -132,6 +132,11 @@ operator/inferop_operator/builders.py) exactly the verbs its reconcile loop uses
 - apiGroups: ["gateway.networking.k8s.io"]
   resources: ["gateways"]
   verbs: ["get"]
+# Where Envoy Gateway serves it, the BackendTrafficPolicy that refuses at the gateway what a pod would reject;
+# deleted with the HTTPRoute.
+- apiGroups: ["gateway.envoyproxy.io"]
+  resources: ["backendtrafficpolicies"]
+  verbs: ["create", "patch", "delete"]
 {{- end }}
 
 {{/*

@@ -41,7 +41,8 @@ import numpy as np
 
 from inferop_devtools.choices import add_subset_option
 from inferop_devtools.drills.traffic import Mix, Request, Sent, Traffic, board_request
-from inferop_devtools.gateway.plane import GATEWAY, MODELS, GatewayPlane, pod_cidr, wait_for
+from inferop_devtools.gateway.plane import GATEWAY, MODELS, GatewayPlane, conditions, pod_cidr, wait_for
+from inferop_operator.builders import ENVOY_GATEWAY_GROUP
 from inferop_operator.identity import COMPONENT, COMPONENTS, INSTANCE
 
 log = logging.getLogger("rollout-drill")
@@ -323,29 +324,56 @@ class Drill:
 
     # -- one per candidate
 
-    def roll(self, name: str, change: dict[str, Any], rollout: dict[str, Any] | None = None) -> Run:
-        """The service up, live traffic, then `change` of its spec, until the rollout ends."""
+    def roll(
+        self, name: str, change: dict[str, Any], rollout: dict[str, Any] | None = None, admission: bool = False
+    ) -> Run:
+        """The service up, live traffic, then `change` of its spec, until the rollout ends; with `admission`, what
+        the gateway admits (`self.admission`) before the change."""
         with self.service(name, rollout or self.settings.rollout()) as observer:
+            admitted = self.admission(name) if admission else None
             traffic = self.traffic(name)
             time.sleep(3)
             changed = self.change(name, change)
             final = observer.final(self.timeout())
             outcomes = traffic.stop()
-        return Run(observer, [s for s in outcomes if s.at >= changed], changed, final)
+        return Run(observer, [s for s in outcomes if s.at >= changed], changed, final, admitted)
+
+    def admission(self, name: str, timeout: float = 30.0) -> dict[str, Any]:
+        """The bound on parallel requests the operator's BackendTrafficPolicy sets for `name`, whether Envoy Gateway
+        accepted the policy, and the bound Envoy enforces on each of the route's backends (its admin API), read
+        until they agree or `timeout` passes (Envoy's configuration follows the objects by a moment)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            policy = self.plane.cluster.get(f"{ENVOY_GATEWAY_GROUP}/v1alpha1", "BackendTrafficPolicy", name, MODELS)
+            seen = {
+                "admits": policy["spec"]["circuitBreaker"]["maxParallelRequests"],
+                "accepted": conditions(policy, parent=True).get("Accepted") == "True",
+                "envoy_max_requests": self.plane.envoy_max_requests(name),
+            }
+            enforced = seen["envoy_max_requests"] and set(seen["envoy_max_requests"].values()) == {seen["admits"]}
+            if (seen["accepted"] and enforced) or time.monotonic() > deadline:
+                return {**seen, "enforced": bool(seen["accepted"] and enforced)}
+            time.sleep(0.5)
 
     def model_with(self, **changes: Any) -> dict[str, Any]:
         model = {**self.models.spec["model"], "storageUri": f"hostpath://{self.models.stable}"}
         return {"model": {**model, "weights": "random (seed 0)", **changes}}
 
     def good(self) -> dict[str, Any]:
-        run = self.roll("good", {"batching": {"maxQueueDelayMicroseconds": 0}})
+        run = self.roll("good", {"batching": {"maxQueueDelayMicroseconds": 0}}, admission=True)
         at_changes = run.failed_near(run.observer.weight_changes())
+        assert run.admission is not None
         return run.report(
             failed_at_weight_changes=len(at_changes),
+            admission=run.admission,
             goals=goals(
                 ("promoted to 100% automatically", run.final["phase"] == "Succeeded"),
                 ("at most 0.1% of requests fail over the whole rollout", (run.callers["failed_ratio"] or 0) <= 0.001),
                 ("none fails at a weight change", not at_changes),
+                (
+                    "the gateway admits what the pods hold: Envoy enforces the operator's bound on the route",
+                    run.admission["enforced"],
+                ),
             ),
         )
 
@@ -652,6 +680,7 @@ class Run:
     outcomes: list[Sent]
     changed: float
     final: dict[str, Any]
+    admission: dict[str, Any] | None = None  # Drill.admission, before the change
 
     @property
     def callers(self) -> dict[str, Any]:

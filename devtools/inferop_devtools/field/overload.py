@@ -5,6 +5,10 @@ one CPU. The drill repeats at half a CPU, a slower machine emulated with the ker
 was fitted. At each quota: the callers the pod answers within half the timeout are admitted (closed-loop callers,
 at most 2% of their calls rejected), and open-loop overload beyond them meets the drill's goals, with the
 operator's liveness probe run as a kubelet would (a heavy load must not read as a stall).
+
+inferop's callers reach the pod through Envoy, with the circuit breaker the operator's BackendTrafficPolicy gives
+Envoy Gateway (gateway/standalone.py): what the pod would reject is refused before its body reaches it. Envoy runs
+on the callers' CPU, as a gateway runs on other machines than the pods. The naive deployment is called directly.
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferop.capacity import SERVED_SHARE_OF_CAPACITY, WAIT_SHARE_OF_TIMEOUT
+from inferop.capacity import SERVED_SHARE_OF_CAPACITY, WAIT_SHARE_OF_TIMEOUT, gateway_admission
 from inferop.limits import CFS_PERIOD_US, PodLimits
 from inferop.memory import LOCAL_RUNTIME
 from inferop.openloop import OpenLoopResult
 from inferop.openloop import plot as plot_open_loop
 from inferop.quantity import format_bytes, parse_quantity
 from inferop.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
+from inferop.serving.tritonserver import TritonServer
 from inferop.tritonconfig import ServingConfig
 from inferop_devtools.field.kubelet import LivenessProber
 from inferop_devtools.field.pods import (
@@ -40,6 +45,7 @@ from inferop_devtools.field.pods import (
     rendered,
     wait_out,
 )
+from inferop_devtools.gateway.standalone import StandaloneEnvoy
 from inferop_operator.plan import memory_limit, plan_service
 from inferop_operator.spec import parse_spec
 
@@ -88,6 +94,15 @@ class QuotaPod:
         return self.ours.instances * self.ours.max_batch_size
 
     @property
+    def admitted(self) -> int:
+        """What the gateway lets this one pod hold (the operator's BackendTrafficPolicy)."""
+        assert self.ours.max_queue_size is not None, "the operator always bounds the queue"
+        return gateway_admission(1, self.ours.instances, self.ours.max_batch_size, self.ours.max_queue_size)
+
+    def gateway(self, server: TritonServer, machine: Machine) -> StandaloneEnvoy:
+        return StandaloneEnvoy(server.http_port, self.admitted, machine.client_cpus)
+
+    @property
     def capacity_callers(self) -> int:
         """Enough closed-loop callers that the batcher always forms full batches, as it does under overload."""
         return 2 * self.batch_round
@@ -118,10 +133,10 @@ def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, An
     # The capacity of this config sets the offered rates. Each inferop run measures it again on its own server just
     # before and just after its arrivals, and compares its goodput with their mean: consecutive windows of the same
     # server here differ by up to 15%.
-    with pod(ours, limits) as server:
-        capacity = closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine).throughput
+    with pod(ours, limits) as server, quota.gateway(server, machine) as gateway:
+        capacity = closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine, gateway.url).throughput
         answerable = max(1, math.floor(capacity * timeout * ADMITTED_SHARE_OF_TIMEOUT))
-        admission = closed_loop(server, NETWORK, answerable, 20.0, machine)
+        admission = closed_loop(server, NETWORK, answerable, 20.0, machine, gateway.url)
     calls = admission.requests + admission.errors
     admission_row = {
         "callers": answerable,
@@ -147,7 +162,7 @@ def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, An
         plans.append(("naive", naive(ours), NAIVE_SCHEDULING, (2.0, 4.0), None))
     for label, serving, policy, levels, caller_timeout in plans:
         for factor in levels:
-            result, usage, paired, probe, alive = overloaded(
+            result, usage, paired, probe, alive, refused = overloaded(
                 label, quota, serving, policy, capacity * factor, seconds, caller_timeout, machine
             )
             around = sum(paired) / len(paired) if paired else None
@@ -162,6 +177,7 @@ def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, An
                     "capacity_windows": [round(value, 3) for value in paired],
                     "served_share_of_export": round(result.goodput / exported, 3),
                     "result": result.as_dict(),
+                    "refused_at_gateway": refused,
                     "usage": usage,
                     "server_alive": alive,
                     "liveness": probe,
@@ -172,7 +188,8 @@ def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, An
             print(
                 f"  overload/{cpus:g} CPU/{label}/{factor:g}x: goodput {result.goodput:.2f}"
                 f"{'' if around is None else f' (capacity around it {around:.2f})'}, ok p99 "
-                f"{result.latency_ms.get('p99', float('nan')):.0f} ms, rejected {result.rejected}, "
+                f"{result.latency_ms.get('p99', float('nan')):.0f} ms, rejected {result.rejected}"
+                f"{'' if refused is None else f' ({refused} at the gateway)'}, "
                 f"peak {format_bytes(float(usage['memory_peak_bytes']))}, OOM kills {usage['oom_kills']}{failures}"
             )
     goals = quota_goals(runs, admission_row, timeout, batch_round, cpus)
@@ -186,6 +203,7 @@ def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, An
         "capacity_callers": callers,
         "timeout_seconds": timeout,
         "queue_bound": ours.max_queue_size,
+        "gateway_admits": quota.admitted,
         "liveness_probe": {k: v for k, v in kubelet.liveness_probe.items() if k != "exec"},
         "seconds": seconds,
         "admission": admission_row,
@@ -203,31 +221,33 @@ def overloaded(
     seconds: float,
     caller_timeout: float | None,
     machine: Machine,
-) -> tuple[OpenLoopResult, dict[str, Any], list[float], dict[str, Any] | None, bool]:
+) -> tuple[OpenLoopResult, dict[str, Any], list[float], dict[str, Any] | None, bool, int | None]:
     """One pod at `quota` serving `serving`, offered `rate` open-loop: its result, its cgroup's usage, and for
-    inferop's pod the capacity measured on it just before and just after and its liveness probe's runs; whether it
-    lived."""
+    inferop's pod (behind its gateway) the capacity measured through the gateway just before and just after, its
+    liveness probe's runs and what the gateway refused; whether the pod lived."""
     kubelet, limits, callers = quota.kubelet, quota.limits, quota.capacity_callers
-    extra_args = kubelet.exit_timeout_args if label == "inferop" else None
-    with pod(serving, limits, cpu_scheduling=policy, extra_args=extra_args) as server:
-        paired: list[float] = []
-        probe: dict[str, Any] | None = None
-        if label == "inferop":
-            assert server.cgroup is not None
-            paired.append(closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine).throughput)
-            server.cgroup.reset_peak()  # the peak of the arrivals alone
-            with (
-                tempfile.TemporaryDirectory(prefix="inferop-liveness-") as state,
-                LivenessProber(server, kubelet.liveness_probe, Path(state), kubelet.grace_seconds) as prober,
-            ):
-                result, usage = open_loop(server, serving, rate, seconds, caller_timeout, machine)
-            probe = prober.summary()
-        else:
+    if label != "inferop":
+        with pod(serving, limits, cpu_scheduling=policy) as server:
             result, usage = open_loop(server, serving, rate, seconds, caller_timeout, machine)
+            return result, usage, [], None, wait_out(server, 1.0), None
+    with (
+        pod(serving, limits, cpu_scheduling=policy, extra_args=kubelet.exit_timeout_args) as server,
+        quota.gateway(server, machine) as gateway,
+    ):
+        assert server.cgroup is not None
+        paired = [closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine, gateway.url).throughput]
+        server.cgroup.reset_peak()  # the peak of the arrivals alone
+        refused_before = gateway.refused()
+        with (
+            tempfile.TemporaryDirectory(prefix="inferop-liveness-") as state,
+            LivenessProber(server, kubelet.liveness_probe, Path(state), kubelet.grace_seconds) as prober,
+        ):
+            result, usage = open_loop(server, serving, rate, seconds, caller_timeout, machine, gateway.url)
+        refused = gateway.refused() - refused_before
         alive = wait_out(server, 1.0)
-        if label == "inferop" and alive:
-            paired.append(closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine).throughput)
-    return result, usage, paired, probe, alive
+        if alive:
+            paired.append(closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine, gateway.url).throughput)
+    return result, usage, paired, prober.summary(), alive, refused
 
 
 def quota_goals(

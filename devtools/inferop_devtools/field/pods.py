@@ -196,18 +196,28 @@ def one_request(serving: ServingConfig) -> dict[str, np.ndarray]:
     return request
 
 
-def closed_loop(server: TritonServer, model: str, concurrency: int, seconds: float, machine: Machine) -> Any:
+def closed_loop(
+    server: TritonServer, model: str, concurrency: int, seconds: float, machine: Machine, url: str | None = None
+) -> Any:
+    """`concurrency` callers for `seconds`, straight to the server or through `url` (a gateway in front of it)."""
     with generator_process(machine.client_cpus):
-        return bench.sweep(server.url, model, [concurrency], seconds, batch=1, timeout=120)[0]
+        return bench.sweep(url or server.url, model, [concurrency], seconds, batch=1, timeout=120)[0]
 
 
 def open_loop(
-    server: TritonServer, serving: ServingConfig, rate: float, seconds: float, timeout: float | None, machine: Machine
+    server: TritonServer,
+    serving: ServingConfig,
+    rate: float,
+    seconds: float,
+    timeout: float | None,
+    machine: Machine,
+    url: str | None = None,
 ) -> tuple[OpenLoopResult, dict[str, Any]]:
-    """Open-loop arrivals, with the pod's memory sampled; returns the result and the pod's usage."""
+    """Open-loop arrivals, straight to the server or through `url`, with the pod's memory sampled; returns the
+    result and the pod's usage."""
     assert server.cgroup is not None
     result = run_open_loop(
-        server.url,
+        url or server.url,
         serving.name,
         one_request(serving),
         rate,

@@ -23,10 +23,11 @@ from types import TracebackType
 from typing import Any
 
 from inferop_devtools.cluster.addons import Kwok, addon_binaries
-from inferop_devtools.cluster.controlplane import KUBERNETES_1_37, ClusterError, kube_binaries
+from inferop_devtools.cluster.controlplane import KUBERNETES_1_37, ClusterError, http_get, kube_binaries
 from inferop_devtools.drills.harness import DrillCluster, OperatorProcess
 from inferop_devtools.gateway.envoygateway import (
     CONTROLLER_NAME,
+    ENVOY_ADMIN_PORT,
     NAMESPACE,
     XDS_HOST,
     EnvoyGateway,
@@ -109,10 +110,11 @@ def wait_for(
 
 
 def conditions(obj: Json, parent: bool = False) -> dict[str, str]:
-    """type -> status of an object's conditions (an HTTPRoute's: those of its first parent)."""
+    """type -> status of an object's conditions (an HTTPRoute's: those of its first parent; a policy's: those of
+    its first ancestor)."""
     status = obj.get("status") or {}
     if parent:
-        parents = status.get("parents") or [{}]
+        parents = status.get("parents") or status.get("ancestors") or [{}]
         return {c["type"]: c["status"] for c in parents[0].get("conditions", [])}
     return {c["type"]: c["status"] for c in status.get("conditions", [])}
 
@@ -273,6 +275,19 @@ class GatewayPlane:
             return self.cluster.get(GATEWAY_API, "HTTPRoute", name, MODELS)
         except Exception:  # not found
             return None
+
+    def envoy_max_requests(self, route: str) -> dict[str, int]:
+        """Envoy's bound on parallel requests for each backend of HTTPRoute `route` (Envoy Gateway makes a cluster per
+        route rule), from its admin API: what it enforces, whatever the objects say."""
+        status, body = http_get(f"http://127.0.0.1:{ENVOY_ADMIN_PORT}/clusters?format=json")
+        if status != 200:
+            raise ClusterError(f"Envoy's admin /clusters answered {status}")
+        found = {}
+        for cluster in json.loads(body).get("cluster_statuses", []):
+            if cluster["name"].startswith(f"httproute/{MODELS}/{route}/"):
+                (default, *_) = cluster.get("circuit_breakers", {}).get("thresholds", [{}])
+                found[cluster["name"]] = int(default.get("max_requests", 0))
+        return found
 
     def delete_service(self, name: str) -> None:
         self.drill.custom.delete_namespaced_custom_object(GROUP, VERSION, MODELS, PLURAL, name)

@@ -28,12 +28,13 @@ def main() -> int:
     args = parser.parse_args()
     machine = Machine.split()
     quota = quota_pod(machine, args.cpus)
-    with pod(quota.ours, quota.limits) as server:
-        capacity = closed_loop(server, NETWORK, quota.capacity_callers, WINDOW_SECONDS, machine).throughput
+    with pod(quota.ours, quota.limits) as server, quota.gateway(server, machine) as gateway:
+        capacity = closed_loop(server, NETWORK, quota.capacity_callers, WINDOW_SECONDS, machine, gateway.url)
+    capacity = capacity.throughput
     runs: list[dict[str, Any]] = []
     for repeat in range(args.repeats):
         for factor in (2.0, 4.0):
-            result, _, paired, _, alive = overloaded(
+            result, _, paired, _, alive, refused = overloaded(
                 "inferop", quota, quota.ours, DEFAULT_CPU_SCHEDULING, capacity * factor, args.seconds,
                 quota.timeout * 1.1, machine,
             )  # fmt: skip
@@ -41,7 +42,7 @@ def main() -> int:
             share = round(result.goodput / around, 3) if around else None
             runs.append({"repeat": repeat, "factor": factor, "goodput": round(result.goodput, 3),
                          "capacity_windows": [round(v, 3) for v in paired], "share_of_capacity_around": share,
-                         "rejected": result.rejected, "alive": alive})  # fmt: skip
+                         "rejected": result.rejected, "refused_at_gateway": refused, "alive": alive})  # fmt: skip
             print(json.dumps(runs[-1]), flush=True)
     shares = {f"{f:g}x": [r["share_of_capacity_around"] for r in runs if r["factor"] == f] for f in (2.0, 4.0)}
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), "cpus": args.cpus, "capacity": round(capacity, 3),
