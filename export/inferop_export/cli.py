@@ -212,6 +212,8 @@ def format_report(report: dict[str, Any]) -> str:
         )
     if report["gate"]:
         lines.append(f"  precision {report['gate']['summary']}")
+    if report["speedVerdict"]:
+        lines.append(f"  speed: {report['speedVerdict']} (ONNX Runtime, one thread, both measured here)")
     tensors = (
         ", ".join(f"{t['name']} {t['datatype']} {t['dims']}" for t in serving["inputs"])
         + " -> "

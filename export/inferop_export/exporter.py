@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 
 from inferop.agreement import GateResult
+from inferop.cpu import cpu_int8_instructions, int8_verdict
 from inferop.errors import InferopError
 from inferop.quantity import parse_quantity
 from inferop.threads import local_cpus
@@ -61,6 +62,9 @@ class ExportReport:
     spec: InferenceServiceSpec  # what was planned for this machine; manifests start from it
     precision: str = "fp32"
     gate: GateResult | None = None  # how a reduced precision kept fp32's answers; None for fp32
+    # A reduced precision's capacity over fp32's, both measured here, and what that means on this CPU
+    speedup: float | None = None
+    speed_verdict: str | None = None
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -77,6 +81,8 @@ class ExportReport:
             "serving": self.serving.model_dump(mode="json"),
             "precision": self.precision,
             "gate": self.gate.as_dict() if self.gate else None,
+            "speedup": self.speedup,
+            "speedVerdict": self.speed_verdict,
             "notes": self.notes,
             "seconds": self.seconds,
         }
@@ -126,7 +132,7 @@ def export_model(
     reduced = precision != "fp32"
     if not reduced:
         model_path.parent.mkdir(parents=True, exist_ok=True)
-    progress = Progress(total=8 if reduced else 6, quiet=quiet)
+    progress = Progress(total=9 if reduced else 6, quiet=quiet)
     with tempfile.TemporaryDirectory(prefix="inferop-export-") as work:
         # A reduced precision starts from fp32 beside the repository: nothing is written there unless it passes.
         fp32_path = Path(work) / MODEL_FILENAME if reduced else model_path
@@ -159,7 +165,7 @@ def export_model(
             )
         if not parity:
             notes.append(f"outputs not compared: {against}")
-        gate = None
+        gate, fp32_rate = None, None
         if reduced:
             assert source.gate is not None  # check_precision refused it otherwise
             int8_path = Path(work) / f"{precision}.onnx"
@@ -172,6 +178,8 @@ def export_model(
                     f"{source.name}: {precision} fails its accuracy gate ({'; '.join(gate.failures)}); "
                     f"{gate.describe()}. Nothing was written: export it as fp32"
                 )
+            with progress.step(f"fp32 capacity, to compare {precision} with (one thread, batch {batch})"):
+                fp32_rate = measure_capacity(source, fp32_path, signature, batch, seed)
             model_path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(int8_path, model_path)
             model = onnx.load(str(model_path))
@@ -179,6 +187,7 @@ def export_model(
         profile = profile_onnx(model, parameters=source.parameters, input_shapes=_profile_shapes(signature))
     with progress.step(f"capacity: ONNX Runtime, one thread, batch {batch}"):
         rate = measure_capacity(source, model_path, signature, batch, seed)
+    speedup = round(rate / fp32_rate, 2) if fp32_rate else None
     # An output whose size varies has no bytes in its dims: the memory estimate takes what was measured.
     measured_io = comparison.io_bytes_per_sample if any(t.dynamic for t in signature.outputs) else None
     profile = dataclasses.replace(profile, samples_per_cpu_second=rate, io_bytes_per_sample=measured_io)
@@ -222,6 +231,8 @@ def export_model(
         spec=spec,
         precision=precision,
         gate=gate,
+        speedup=speedup,
+        speed_verdict=None if speedup is None else int8_verdict(speedup, cpu_int8_instructions()),
         notes=notes,
         seconds=progress.seconds,
     )

@@ -206,7 +206,7 @@ def torch_module(
         )
     provenance = f"module {target}"
     if weights is not None:
-        _load_state_dict(module, weights)
+        load_state_dict(module, weights)
         provenance = f"module {target} with {file_weights(weights)}"
     tensors = tuple(TensorSpec(name=flag.name, datatype=flag.datatype or "FP32", dims=flag.dims) for flag in inputs)
     return TorchModule(
@@ -219,12 +219,16 @@ def torch_module(
     )
 
 
-def _load_state_dict(module: nn.Module, path: Path) -> None:
+def load_state_dict(module: nn.Module, path: Path, what: str = "") -> None:
+    """`path`'s state dict into `module`; an error names `--weights path` and, when given, what it must fit."""
+    if not path.is_file():
+        raise SourceError(f"--weights {path}: no such file")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
         module.load_state_dict(state)
     except Exception as error:  # not a checkpoint, or not this module's
-        raise SourceError(f"--weights {path}: {type(error).__name__}: {str(error)[:300]}") from error
+        fit = f" (not {what})" if what else ""
+        raise SourceError(f"--weights {path}{fit}: {type(error).__name__}: {str(error)[:300]}") from error
 
 
 def _as_tuple(outputs: Any, name: str) -> tuple[torch.Tensor, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -159,16 +160,50 @@ def merge_conditions(previous: list[Condition], current: list[Condition]) -> lis
     return merged
 
 
+@dataclass(frozen=True)
+class Prerequisite:
+    """A condition Ready depends on, and what Ready says while it is False: `reason` (None: the condition's own)
+    and `message`, where "{message}" stands for the condition's."""
+
+    type: ConditionType
+    reason: str | None
+    message: str
+
+
+# Ready, declared once (KServe's condition set): True only when none of these is False and the pods serve, False with
+# the first of them that is. MemoryFit is Unknown when nothing bounds memory, which does not hold a service back.
+READY_REQUIRES = (
+    Prerequisite("Valid", None, "the spec is invalid; nothing was deployed for it"),
+    Prerequisite("ThreadBudget", None, "spec refused, nothing deployed for it: {message}"),
+    Prerequisite("MemoryFit", None, "spec refused, nothing deployed for it: {message}"),
+    Prerequisite("ChildrenApplied", "ChildrenNotApplied", "not every child is applied: {message}"),
+)
+
+
+def ready_condition(found: Iterable[Condition], serving: Condition | None = None) -> Condition:
+    """Ready from the prerequisites in `found` and, when they all hold, `serving`: whether the pods serve (the
+    Deployment's replicas). A status with no failing prerequisite and nothing serving is a bug, not a state."""
+    by_type = {c.type: c for c in found}
+    for prerequisite in READY_REQUIRES:
+        failed = by_type.get(prerequisite.type)
+        if failed is not None and failed.status == "False":
+            reason = prerequisite.reason or failed.reason
+            return condition("Ready", False, reason, prerequisite.message.format(message=failed.message))
+    if serving is None:
+        raise ValueError("Ready needs the pods' state when every prerequisite holds")
+    return serving
+
+
+def with_ready(found: list[Condition], serving: Condition | None = None) -> list[Condition]:
+    return [*found, ready_condition(found, serving)]
+
+
 def invalid_status(message: str, generation: int | None, previous: Status) -> Status:
     return Status(
         phase="Failed",
         observed_generation=generation,
         conditions=merge_conditions(
-            previous.conditions,
-            [
-                condition("Valid", False, "InvalidSpec", message),
-                condition("Ready", False, "InvalidSpec", "the spec is invalid; nothing was deployed for it"),
-            ],
+            previous.conditions, with_ready([condition("Valid", False, "InvalidSpec", message)])
         ),
     )
 
@@ -181,9 +216,10 @@ def refused_status(condition_type: str, reason: str, message: str, generation: i
     if condition_type == "MemoryFit":  # memory is checked after the thread budget, which therefore passed
         checks.append(condition("ThreadBudget", True, "WithinBudget", "the thread budget fits"))
     # Nothing is created for a refused spec; what an earlier accepted spec deployed is left as it was.
-    checks.append(condition("Ready", False, reason, f"spec refused, nothing deployed for it: {message}"))
     return Status(
-        phase="Failed", observed_generation=generation, conditions=merge_conditions(previous.conditions, checks)
+        phase="Failed",
+        observed_generation=generation,
+        conditions=merge_conditions(previous.conditions, with_ready(checks)),
     )
 
 
@@ -278,13 +314,13 @@ def follow_deployment(status: Status, deployment: dict[str, Any] | None, previou
     progress = progress_condition(deployment)
 
     if deployment is None:
-        ready_condition = condition("Ready", False, "DeploymentMissing", "the Deployment does not exist yet")
+        serving = condition("Ready", False, "DeploymentMissing", "the Deployment does not exist yet")
     elif desired == 0:
-        ready_condition = condition("Ready", False, "ScaledToZero", "replicas is 0: nothing serves requests")
+        serving = condition("Ready", False, "ScaledToZero", "replicas is 0: nothing serves requests")
     elif ready >= desired and caught_up:
-        ready_condition = condition("Ready", True, "AllReplicasReady", f"{ready}/{desired} replicas ready")
+        serving = condition("Ready", True, "AllReplicasReady", f"{ready}/{desired} replicas ready")
     else:
-        ready_condition = condition("Ready", False, "ReplicasNotReady", f"{ready}/{desired} replicas ready")
+        serving = condition("Ready", False, "ReplicasNotReady", f"{ready}/{desired} replicas ready")
     if available is None:
         available_condition = condition(
             "Available", None, "NoDeploymentStatus", "the Deployment has reported no status yet"
@@ -297,14 +333,13 @@ def follow_deployment(status: Status, deployment: dict[str, Any] | None, previou
             str(available.get("message", "")),
         )
     others = [c for c in status.conditions if c.type not in ("Progressing", "Available", "Ready")]
+    conditions = with_ready([*others, progress, available_condition], serving)
     return status.model_copy(
         update={
-            "phase": "Ready" if ready_condition.status == "True" else "Progressing",
+            "phase": "Ready" if conditions[-1].status == "True" else "Progressing",
             "replicas": current,
             "ready_replicas": ready,
-            "conditions": merge_conditions(
-                previous.conditions, [*others, progress, available_condition, ready_condition]
-            ),
+            "conditions": merge_conditions(previous.conditions, conditions),
         }
     )
 
@@ -430,12 +465,9 @@ def children_failed_status(service: Service, failure: ApiFailure, generation: in
             "observed_generation": generation,
             "conditions": merge_conditions(
                 previous.conditions,
-                [
-                    *plan_conditions(service),
-                    condition("ChildrenApplied", False, failure.reason, message),
-                    *observed,
-                    condition("Ready", False, "ChildrenNotApplied", f"not every child is applied: {message}"),
-                ],
+                with_ready(
+                    [*plan_conditions(service), condition("ChildrenApplied", False, failure.reason, message), *observed]
+                ),
             ),
         }
     )

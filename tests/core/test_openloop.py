@@ -96,7 +96,7 @@ class TestSummarise:
     OUTCOMES = (
         outcome(0.1, 0.2, "ok"),
         outcome(0.5, 0.1, "ok"),
-        outcome(0.9, 0.001, "rejected"),
+        outcome(0.9, 0.011, "rejected"),  # sent 1 ms late: refused 10 ms after the send
         outcome(1.2, 0.5, "timed_out"),
         outcome(1.5, 0.3, "client_timeout"),
         outcome(1.7, 0.4, "ok", late_ms=80.0),  # answered after the 2 s window: counted, but not as goodput
@@ -124,11 +124,17 @@ class TestSummarise:
     def test_goodput_counts_samples_answered_within_the_window(self) -> None:
         assert self.summary().goodput == pytest.approx(2 * 4 / 2.0)
 
+    def test_a_late_send_is_the_generator_s_not_the_server_s_time_to_reject(self) -> None:
+        late = [outcome(0.0, 0.05, "rejected", late_ms=45.0), outcome(0.1, 0.005, "rejected", late_ms=0.0)]
+        result = summarise(late, [], {}, model="m", rate=20, seconds=1.0, process="fixed", batch=1, timeout=None)
+        assert result.reject_ms["max"] == pytest.approx(5.0)
+        assert result.late_ms_p99 == pytest.approx(44.55)  # reported apart
+
     def test_percentiles(self) -> None:
         result = self.summary()
         assert result.latency_ms["max"] == pytest.approx(400.0)
         assert result.latency_ms["p50"] == pytest.approx(200.0)
-        assert result.reject_ms == {"p50": 1.0, "p99": 1.0, "max": 1.0}
+        assert result.reject_ms == {"p50": 10.0, "p99": 10.0, "max": 10.0}
         assert result.server_timeout_ms["max"] == pytest.approx(500.0)
         assert result.late_ms_p99 > LATE_WARNING_MS
         assert "could not keep the rate" in result.warnings()[0]
@@ -355,5 +361,5 @@ class TestAgainstTriton:
         for label in ("offered", "goodput", "rejected", "timed out", "client timeouts", "unfinished"):
             assert re.search(rf"^  {label} +\S", table, re.M), table
         assert re.search(r"^  success p50/p99 +[\d.]+ / [\d.]+ ms$", table, re.M), table
-        assert re.search(r"^  time-to-reject p99 +- ms$", table, re.M), table
+        assert re.search(r"^  time-to-reject p99 +- ms \(from the send\)$", table, re.M), table
         assert re.search(r"^  generator late p99 +[\d.]+ ms$", table, re.M), table

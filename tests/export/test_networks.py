@@ -1,4 +1,4 @@
-"""The networks we export: the policy/value net's contract, and Inception V3 loading a weights file."""
+"""The networks we export: the policy/value net's contract, and both networks loading a weights file."""
 
 from __future__ import annotations
 
@@ -55,6 +55,39 @@ class TestPolicyValueNet:
         sizes = {"rows": 4, "cols": 4, "depth": 1, "hidden": 2, "moves": 3, flag: bad}
         with pytest.raises(ValueError, match=f"--{flag} must be >= 1, got {bad}"):
             PolicyValueNet(**sizes)
+
+
+CONV_NET_SIZES = {"rows": 4, "cols": 4, "depth": 2, "hidden": 8, "moves": 4}
+
+
+class TestConvNetWeights:
+    """A trained board network goes through the same path as Inception V3: `--weights` of the same sizes."""
+
+    def test_serves_the_file_s_tensors_and_names_it(self, tmp_path: Path) -> None:
+        import hashlib
+
+        torch.manual_seed(11)
+        trained = PolicyValueNet(**CONV_NET_SIZES)
+        path = tmp_path / "board.pth"
+        torch.save(trained.state_dict(), path)
+        network = conv_net(**CONV_NET_SIZES, seed=3, weights=path)  # another seed: unloaded weights would differ
+        boards = torch.randint(-1, 2, (5, 1, 4, 4), generator=torch.Generator().manual_seed(2)).float()
+        with torch.no_grad():
+            want, got = trained.eval()(boards), network.module(boards)
+        torch.testing.assert_close(got, want)
+        assert network.weights == f"board.pth, sha256 {hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
+
+    def test_a_state_dict_of_other_sizes_names_the_flag_and_the_sizes(self, tmp_path: Path) -> None:
+        path = tmp_path / "wide.pth"
+        torch.save(PolicyValueNet(**{**CONV_NET_SIZES, "hidden": 16}).state_dict(), path)
+        expected = re.escape(f"--weights {path} (not a state dict of the conv net of ")
+        with pytest.raises(ValueError, match=expected) as error:
+            conv_net(**CONV_NET_SIZES, weights=path)
+        assert "--hidden 8" in str(error.value) and "size mismatch" in str(error.value)
+
+    def test_a_missing_file_is_named(self, tmp_path: Path) -> None:
+        with pytest.raises(ValueError, match=re.escape(f"--weights {tmp_path / 'none.pth'}: no such file")):
+            conv_net(**CONV_NET_SIZES, weights=tmp_path / "none.pth")
 
 
 @pytest.fixture(scope="module")

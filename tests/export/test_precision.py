@@ -14,6 +14,7 @@ import onnx
 import pytest
 
 from inferop.agreement import Gate, GateResult
+from inferop.cpu import cpu_int8_instructions, int8_verdict
 from inferop.tritonconfig import TensorSpec
 from inferop_export.exporter import VerificationError, export_model
 from inferop_export.networks.conv_net import conv_net
@@ -76,6 +77,29 @@ def test_int8_that_keeps_the_gate_is_served_smaller_with_its_agreement(tmp_path:
     # Served as fp32 was: the same tensors in and out, quantized inside.
     assert report.serving.inputs == fp32.serving.inputs and report.serving.outputs == fp32.serving.outputs
     assert Path(report.config_path).is_file()
+    # Both measured here, and said against this CPU's int8 instructions.
+    assert report.speedup is not None and report.speedup > 0 and fp32.speedup is None
+    assert report.speed_verdict is not None and f"{report.speedup:.2f}x fp32" in report.speed_verdict
+    assert ", ".join(cpu_int8_instructions()) in report.speed_verdict
+
+
+class TestSpeedVerdict:
+    def test_int8_that_runs_faster_than_fp32_by_enough_pays(self) -> None:
+        assert int8_verdict(2.9, ["avx512_vnni"]).startswith("int8 pays on this CPU: 2.90x fp32")
+
+    @pytest.mark.parametrize("instructions", [[], ["avx512_vnni"]])
+    def test_int8_at_fp32_s_speed_does_not_pay_and_says_where_it_would(self, instructions: list[str]) -> None:
+        verdict = int8_verdict(1.02, instructions)
+        assert verdict.startswith("int8 does not pay on this CPU: 1.02x fp32")
+        assert "serve fp32 here, or int8 on nodes whose CPUs have AVX-512 VNNI" in verdict
+        assert ("none of AVX-512 VNNI" in verdict) == (not instructions)
+
+    def test_the_kernel_s_flags_are_read(self, tmp_path: Path) -> None:
+        cpuinfo = tmp_path / "cpuinfo"
+        cpuinfo.write_text("processor : 0\nflags : fpu sse2 avx2 avx512f avx512_vnni\n\nflags : fpu amx_int8\n")
+        assert cpu_int8_instructions(cpuinfo) == ["avx512_vnni", "amx_int8"]
+        cpuinfo.write_text("flags : fpu sse2 avx2\n")
+        assert cpu_int8_instructions(cpuinfo) == []
 
 
 def test_int8_that_fails_the_gate_is_not_written_and_the_command_says_why(tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ from inferop_operator.kubeapi import ApiFailure
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
 from inferop_operator.status import (
+    CONDITION_TYPES,
+    READY_REQUIRES,
     MemoryStatus,
     Status,
     children_failed_status,
@@ -28,6 +30,7 @@ from inferop_operator.status import (
     plan_status,
     pods_condition,
     read_status,
+    ready_condition,
     refused_status,
     same_condition,
     status_patch,
@@ -364,6 +367,41 @@ class TestFailedStatus:
         times = {c.type: c.last_transition_time for c in refused.conditions}
         assert times["Valid"] > OLD  # False -> True
         assert times["Ready"] == OLD  # still False
+
+
+class TestReadiness:
+    SERVING = condition("Ready", True, "AllReplicasReady", "2/2 replicas ready")
+
+    def holding(self) -> list[Any]:
+        return [condition(p.type, True, "Fine", "fine") for p in READY_REQUIRES]
+
+    def test_the_pods_decide_once_every_prerequisite_holds(self) -> None:
+        assert ready_condition(self.holding(), self.SERVING) == self.SERVING
+        # memory not bounded (Unknown) does not hold a service back
+        unknown = [*self.holding()[:2], condition("MemoryFit", None, "NotChecked", "no limit"), *self.holding()[3:]]
+        assert ready_condition(unknown, self.SERVING) == self.SERVING
+
+    @pytest.mark.parametrize("failing", range(len(READY_REQUIRES)))
+    def test_the_first_failing_prerequisite_decides_whatever_the_pods_say(self, failing: int) -> None:
+        found = self.holding()
+        found[failing] = condition(READY_REQUIRES[failing].type, False, "Broken", "what broke")
+        later = failing + 1 < len(found)
+        if later:  # a later one failing too does not speak first
+            found[failing + 1] = condition(READY_REQUIRES[failing + 1].type, False, "AlsoBroken", "later")
+        ready = ready_condition(list(reversed(found)), self.SERVING)
+        assert ready.status == "False"
+        assert ready.reason == (READY_REQUIRES[failing].reason or "Broken")
+        assert ("what broke" in ready.message) == ("{message}" in READY_REQUIRES[failing].message)
+        assert "later" not in ready.message
+
+    def test_every_prerequisite_is_a_condition_of_the_status_before_ready(self) -> None:
+        types = [p.type for p in READY_REQUIRES]
+        assert len(set(types)) == len(types)
+        assert all(CONDITION_TYPES.index(t) < CONDITION_TYPES.index("Ready") for t in types)
+
+    def test_nothing_failing_and_nothing_serving_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="pods"):
+            ready_condition(self.holding())
 
 
 def failure(status: int, reason: str, message: str, kind: str = "Service", name: str = "conv-net") -> ApiFailure:

@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from inferop.cpu import cpu_int8_instructions
 from inferop.paths import repo_root
 from inferop.threads import local_cpus
-from inferop_devtools.bench.targets import Target, cpu_int8_instructions
+from inferop_devtools.bench.targets import Target
 
 REPO = repo_root() / "model_repo"
 TRITON_OVER_ONNXRUNTIME = 0.85

@@ -4,11 +4,6 @@ exits non-zero when one is missed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-
-# The CPU features that make int8 pay (Node Feature Discovery publishes the same as node labels): AVX-512 VNNI and
-# AVX-VNNI dot products, AMX tiles. Without them ONNX Runtime's int8 kernels run about as fast as fp32.
-INT8_INSTRUCTIONS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
 @dataclass(frozen=True)
@@ -36,12 +31,3 @@ class Target:
         else:
             outcome = "met" if self.met else "MISSED"
         return f"{self.name}: {self.value:.2f} (target {'>=' if self.at_least else '<='} {self.goal:g}: {outcome})"
-
-
-def cpu_int8_instructions(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
-    """Which of INT8_INSTRUCTIONS this machine's CPU has, from the kernel's flags."""
-    flags: set[str] = set()
-    for line in cpuinfo.read_text().splitlines():
-        if line.startswith("flags"):
-            flags.update(line.partition(":")[2].split())
-    return [name for name in INT8_INSTRUCTIONS if name in flags]

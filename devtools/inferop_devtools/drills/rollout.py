@@ -47,7 +47,7 @@ from inferop_operator.identity import COMPONENT, COMPONENTS, INSTANCE
 
 log = logging.getLogger("rollout-drill")
 MODEL = "conv_net"
-NETWORK = {"rows": 8, "cols": 7, "depth": 10, "hidden": 128, "moves": 7}  # export's default network
+NETWORK: dict[str, Any] = {"rows": 8, "cols": 7, "depth": 10, "hidden": 128, "moves": 7}  # export's default
 FAIL_VALUE = 0.5  # a cell value the failing build breaks on; held-out boards hold -1, 0 and 1 only
 FAILING_SHARE = 0.1  # of live requests carry it
 HEADER = {"name": "x-inferop-candidate", "value": "1"}

@@ -293,7 +293,7 @@ def quota_goals(
                 two_batches_ms is not None and at_most(latency.get("p99"), timeout * 0.5e3 + two_batches_ms),
             ),
             (
-                f"{factor:g}x: rejected at once (time-to-reject p99 < {reject_ms:g} ms{throttled})",
+                f"{factor:g}x: rejected at once (from the send to the rejection, p99 < {reject_ms:g} ms{throttled})",
                 result["rejected"] > 0 and at_most(result["reject_ms"].get("p99"), reject_ms),
             ),
             (

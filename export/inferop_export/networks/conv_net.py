@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -12,7 +13,7 @@ from inferop.agreement import Gate
 from inferop.processing import Processing
 from inferop.tritonconfig import TensorSpec, random_weights
 from inferop_export.networks import NetworkContract
-from inferop_export.sources import SourceError, TorchModule
+from inferop_export.sources import SourceError, TorchModule, file_weights, load_state_dict
 
 # Probabilities and values of order 1 agree to ~1e-7 in practice.
 TOLERANCE = 1e-4
@@ -67,10 +68,21 @@ class PolicyValueNet(nn.Module):
 
 
 def conv_net(
-    rows: int = 8, cols: int = 7, depth: int = 10, hidden: int = 128, moves: int = 7, seed: int = 0
+    rows: int = 8,
+    cols: int = 7,
+    depth: int = 10,
+    hidden: int = 128,
+    moves: int = 7,
+    seed: int = 0,
+    weights: Path | None = None,
 ) -> TorchModule:
+    """The network of these sizes, with seeded random weights or a trained state dict (`weights`) of the same
+    sizes."""
     torch.manual_seed(seed)
     module = PolicyValueNet(rows=rows, cols=cols, depth=depth, hidden=hidden, moves=moves)
+    if weights is not None:
+        sizes = f"--rows {rows} --cols {cols} --depth {depth} --hidden {hidden} --moves {moves}"
+        load_state_dict(module, weights, f"a state dict of the conv net of {sizes}")
 
     def boards(batch: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
         # Cells hold -1 (opponent), 0 (empty) or 1 (own stone).
@@ -83,7 +95,7 @@ def conv_net(
         output_names=("policy", "value"),
         make_input=boards,
         tolerance=TOLERANCE,
-        weights=random_weights(seed),  # no trained conv net is shipped or loaded
+        weights=random_weights(seed) if weights is None else file_weights(weights),
         processing=PROCESSING,
         gate=Gate(top1=("policy",), max_abs_diff={"value": 0.02}),
     )
@@ -95,10 +107,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depth", type=int, default=10, help="3x3 convolutions in the torso (default 10)")
     parser.add_argument("--hidden", type=int, default=128, help="channels in the torso (default 128)")
     parser.add_argument("--moves", type=int, default=7, help="policy outputs (default 7)")
+    parser.add_argument(
+        "--weights",
+        type=Path,
+        help="a state dict (.pth) of PolicyValueNet with these sizes, e.g. a trained board network; default: seeded "
+        "random weights",
+    )
 
 
 def build(args: argparse.Namespace) -> TorchModule:
-    return conv_net(args.rows, args.cols, args.depth, args.hidden, args.moves, seed=args.seed)
+    return conv_net(args.rows, args.cols, args.depth, args.hidden, args.moves, seed=args.seed, weights=args.weights)
 
 
 NETWORK = NetworkContract(
