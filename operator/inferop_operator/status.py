@@ -215,11 +215,13 @@ def refused_status(condition_type: str, reason: str, message: str, generation: i
     ]
     if condition_type == "MemoryFit":  # memory is checked after the thread budget, which therefore passed
         checks.append(condition("ThreadBudget", True, "WithinBudget", "the thread budget fits"))
-    # Nothing is created for a refused spec; what an earlier accepted spec deployed is left as it was.
+    # Nothing is created for a refused spec; what an earlier accepted spec deployed is left as it was. A refusal
+    # outside the prerequisites (a rollout that needs a gateway) holds Ready back by itself.
+    refused = condition("Ready", False, reason, f"spec refused, nothing deployed for it: {message}")
     return Status(
         phase="Failed",
         observed_generation=generation,
-        conditions=merge_conditions(previous.conditions, with_ready(checks)),
+        conditions=merge_conditions(previous.conditions, with_ready(checks, refused)),
     )
 
 

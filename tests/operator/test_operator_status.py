@@ -361,6 +361,19 @@ class TestFailedStatus:
         )
         assert conditions["Ready"]["reason"] == "InsufficientMemory"
 
+    def test_a_refusal_outside_the_prerequisites_holds_ready_back_itself(self) -> None:
+        needs = "spec.rollout.header needs a Gateway"
+        conditions = by_type(written(refused_status("Rollout", "NeedsGateway", needs, 3, Status())))
+        assert (conditions["Rollout"]["status"], conditions["Ready"]["status"]) == ("False", "False")
+        assert conditions["Ready"]["reason"] == "NeedsGateway"
+        assert conditions["Ready"]["message"] == f"spec refused, nothing deployed for it: {needs}"
+
+    def test_a_missing_gateway_is_a_child_not_applied(self) -> None:
+        status = written(refused_status("ChildrenApplied", "GatewayNotFound", "Gateway x does not exist", 3, Status()))
+        conditions = by_type(status)
+        assert conditions["ChildrenApplied"]["reason"] == "GatewayNotFound"
+        assert conditions["Ready"]["message"] == "not every child is applied: Gateway x does not exist"
+
     def test_fixing_the_spec_moves_valid(self) -> None:
         invalid = invalid_status("bad", 1, Status())
         refused = refused_status("ThreadBudget", "Oversubscribed", "x", 2, aged(invalid))
