@@ -65,7 +65,7 @@ def arrival_times(rate: float, seconds: float, process: Process = "poisson", see
 
 
 def classify(status: int, message: str) -> Kind:
-    """What a non-200 answer from Triton means for the caller."""
+    """What a non-200 answer from Triton, or from a gateway in front of it, means for the caller."""
     if status == 503 and (QUEUE_FULL in message or GATEWAY_FULL in message):
         return "rejected"
     if status == 503 and QUEUE_TIMEOUT in message:

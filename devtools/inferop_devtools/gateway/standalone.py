@@ -10,6 +10,7 @@ same `inferop.capacity.gateway_admission`. Its count of refused requests comes f
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -80,7 +81,6 @@ class StandaloneEnvoy:
 
     def __init__(self, backend_port: int, admitted: int, cpus: set[int] | None = None) -> None:
         self.port, self.admin_port = free_ports(2)
-        self.admitted = admitted
         self._config = bootstrap(self.port, self.admin_port, backend_port, admitted)
         self._cpus = cpus
         self._work = Path(tempfile.mkdtemp(prefix="inferop-envoy-"))
@@ -112,12 +112,15 @@ class StandaloneEnvoy:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise ClusterError(f"envoy exited with {self.process.returncode}\n{log_tail(self._log)}")
+                failure = ClusterError(f"envoy exited with {self.process.returncode}\n{log_tail(self._log)}")
+                self.stop()
+                raise failure
             if http_get(f"http://127.0.0.1:{self.admin_port}/ready")[0] == 200:
                 return self
             time.sleep(0.1)
+        failure = ClusterError(f"envoy not ready within {timeout:g} s\n{log_tail(self._log)}")
         self.stop()
-        raise ClusterError(f"envoy not ready within {timeout:g} s\n{log_tail(self._log)}")
+        raise failure
 
     def refused(self) -> int:
         """Requests refused so far because the pod held its bound (503 at once)."""
@@ -128,6 +131,7 @@ class StandaloneEnvoy:
         return sum(int(counters.get(name, 0)) for name in REFUSED_STATS)
 
     def stop(self) -> None:
+        """Envoy gone, and its bootstrap and log with it."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -135,6 +139,7 @@ class StandaloneEnvoy:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        shutil.rmtree(self._work, ignore_errors=True)
 
     def __enter__(self) -> StandaloneEnvoy:
         return self.start()

@@ -29,8 +29,8 @@ def main() -> int:
     machine = Machine.split()
     quota = quota_pod(machine, args.cpus)
     with pod(quota.ours, quota.limits) as server, quota.gateway(server, machine) as gateway:
-        capacity = closed_loop(server, NETWORK, quota.capacity_callers, WINDOW_SECONDS, machine, gateway.url)
-    capacity = capacity.throughput
+        measured = closed_loop(server, NETWORK, quota.capacity_callers, WINDOW_SECONDS, machine, gateway.url)
+    capacity = measured.throughput
     runs: list[dict[str, Any]] = []
     for repeat in range(args.repeats):
         for factor in (2.0, 4.0):
