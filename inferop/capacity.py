@@ -93,6 +93,6 @@ def derive_queue_bound(
 def gateway_admission(pods: int, instances: int, max_batch_size: int, queue_bound: int) -> int:
     """Requests a gateway in front of `pods` lets them hold at once: what Triton holds in each before it rejects (the
     queue bound and a batch round in execution). Beyond it the gateway refuses at once, before the body reaches a
-    pod: receiving and rejecting Inception V3's 1 MB images at 4x its capacity took 5-6% of a one-CPU pod
+    pod: receiving and rejecting Inception V3's 1 MB images at 4x its capacity took 4.5-5.5% of a one-CPU pod
     (tritonserver's own threads), which its model then lacked. Each pod's own bound still applies behind it."""
     return pods * (queue_bound + instances * max(max_batch_size, 1))
