@@ -37,6 +37,11 @@ class Gate:
     top1: tuple[str, ...] = ()
     min_agreement: float = 0.99
     max_abs_diff: dict[str, float] = field(default_factory=dict)
+    # output -> the least cosine similarity to the reference allowed on any sample (its output flattened; an output
+    # of one value a sample, whose cosine would be its sign, is compared over all samples at once)
+    min_cosine: dict[str, float] = field(default_factory=dict)
+    # With labelled inputs: how far the first top-1 output's accuracy may fall below the reference's.
+    max_accuracy_drop: float = 0.01
 
 
 @dataclass(frozen=True)
@@ -47,11 +52,13 @@ class GateResult:
     max_abs_diff: dict[str, float]  # output -> largest |compared - reference|
     gate: Gate
     reference: str = "fp32"
+    cosine: dict[str, float] = field(default_factory=dict)  # output -> the least cosine similarity of any sample
+    accuracy: tuple[float, float] | None = None  # (reference, compared) against the labels, where given
 
     @property
     def failures(self) -> list[str]:
         failed = [
-            f"{name}: top-1 agreement {share:.1%} < {self.gate.min_agreement:.0%}"
+            f"{name}: top-1 agreement {share:.1%} < {self.gate.min_agreement * 100:g}%"
             for name, share in self.agreement.items()
             if share < self.gate.min_agreement
         ]
@@ -60,6 +67,16 @@ class GateResult:
             for name, diff in self.max_abs_diff.items()
             if diff >= self.gate.max_abs_diff[name]
         ]
+        failed += [
+            f"{name}: cosine similarity {least:.4f} on a sample < {self.gate.min_cosine[name]:g}"
+            for name, least in self.cosine.items()
+            if least < self.gate.min_cosine[name]
+        ]
+        if self.accuracy is not None and self.accuracy[0] - self.accuracy[1] > self.gate.max_accuracy_drop:
+            failed.append(
+                f"accuracy {self.accuracy[1]:.2%} against {self.reference}'s {self.accuracy[0]:.2%}: down more than "
+                f"{self.gate.max_accuracy_drop:.2%}"
+            )
         return failed
 
     @property
@@ -69,6 +86,9 @@ class GateResult:
     def describe(self) -> str:
         parts = [f"{name} top-1 agreement {share:.1%}" for name, share in self.agreement.items()]
         parts += [f"{name} max |diff| {diff:.4g}" for name, diff in self.max_abs_diff.items()]
+        parts += [f"{name} least cosine similarity {least:.4f}" for name, least in self.cosine.items()]
+        if self.accuracy is not None:
+            parts.append(f"accuracy {self.reference} {self.accuracy[0]:.2%}, {self.precision} {self.accuracy[1]:.2%}")
         return f"{self.precision} against {self.reference} on {self.samples} held-out inputs: {', '.join(parts)}"
 
     def as_dict(self) -> dict[str, Any]:
@@ -77,6 +97,10 @@ class GateResult:
             "samples": self.samples,
             "agreement": self.agreement,
             "maxAbsDiff": self.max_abs_diff,
+            "cosine": self.cosine,
+            "accuracy": None
+            if self.accuracy is None
+            else {self.reference: self.accuracy[0], self.precision: self.accuracy[1]},
             "passed": self.passed,
             "failures": self.failures,
             "summary": self.describe(),
@@ -91,20 +115,64 @@ class Comparison:
         self.samples = 0
         self.agree = dict.fromkeys(gate.top1, 0)
         self.worst = dict.fromkeys(gate.max_abs_diff, 0.0)
+        self.least_cosine = dict.fromkeys(gate.min_cosine, 1.0)
+        self.scalar_sums: dict[str, np.ndarray] = {}  # output of one value a sample -> [dot, |reference|², |compared|²]
+        self.correct: list[int] | None = None  # (reference, compared) right against the labels, once labels come
 
-    def add(self, reference: Mapping[str, np.ndarray], compared: Mapping[str, np.ndarray], samples: int) -> None:
-        """One batch of `samples` inputs: both models' outputs, by output name."""
+    def add(
+        self,
+        reference: Mapping[str, np.ndarray],
+        compared: Mapping[str, np.ndarray],
+        samples: int,
+        labels: np.ndarray | None = None,
+    ) -> None:
+        """One batch of `samples` inputs: both models' outputs, by output name, and the inputs' labels if known."""
         for name in self.gate.top1:
             want, got = np.argmax(reference[name], axis=-1), np.argmax(compared[name], axis=-1)
             self.agree[name] += int(np.sum(want == got))
         for name in self.gate.max_abs_diff:
-            diff = np.abs(reference[name].astype(np.float64) - compared[name].astype(np.float64))
-            self.worst[name] = max(self.worst[name], float(np.max(diff)) if diff.size else 0.0)
+            self.worst[name] = max(self.worst[name], _largest(reference[name], compared[name]))
+        for name in self.gate.min_cosine:
+            want, got = (np.asarray(o[name], np.float64).reshape(len(o[name]), -1) for o in (reference, compared))
+            if want.shape[1] == 1:
+                sums = np.array([np.sum(want * got), np.sum(want * want), np.sum(got * got)])
+                self.scalar_sums[name] = self.scalar_sums.get(name, np.zeros(3)) + sums
+            else:
+                self.least_cosine[name] = min(self.least_cosine[name], _least_cosine(want, got))
+        if labels is not None and self.gate.top1:
+            name = self.gate.top1[0]
+            right = [int(np.sum(np.argmax(outputs[name], axis=-1) == labels)) for outputs in (reference, compared)]
+            self.correct = [a + b for a, b in zip(self.correct or [0, 0], right, strict=True)]
         self.samples += samples
 
     def result(self, precision: str, reference: str = "fp32") -> GateResult:
         shares = {name: count / max(self.samples, 1) for name, count in self.agree.items()}
-        return GateResult(precision, self.samples, shares, dict(self.worst), self.gate, reference)
+        accuracy = None
+        if self.correct is not None:
+            accuracy = (self.correct[0] / max(self.samples, 1), self.correct[1] / max(self.samples, 1))
+        cosine = dict(self.least_cosine)
+        for name, (dot, want, got) in self.scalar_sums.items():
+            cosine[name] = _cosine(dot, want * got, not want and not got)
+        return GateResult(precision, self.samples, shares, dict(self.worst), self.gate, reference, cosine, accuracy)
+
+
+def _largest(reference: np.ndarray, compared: np.ndarray) -> float:
+    """The largest |reference - compared|, 0 for an empty tensor."""
+    diff = np.abs(reference.astype(np.float64) - compared.astype(np.float64))
+    return float(np.max(diff)) if diff.size else 0.0
+
+
+def _least_cosine(want: np.ndarray, got: np.ndarray) -> float:
+    """The least cosine similarity of the rows (a sample each)."""
+    squares = np.sum(want * want, axis=1) * np.sum(got * got, axis=1)
+    both_zero = ~want.any(axis=1) & ~got.any(axis=1)
+    cosines = [_cosine(d, s, z) for d, s, z in zip(np.sum(want * got, axis=1), squares, both_zero, strict=True)]
+    return min(cosines, default=1.0)
+
+
+def _cosine(dot: float, squares: float, both_zero: bool) -> float:
+    """dot / sqrt(squares); two zero vectors agree, one alone does not."""
+    return float(dot / np.sqrt(squares)) if squares > 0 else float(both_zero)
 
 
 def default_gate(

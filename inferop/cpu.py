@@ -10,6 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 INT8_INSTRUCTIONS = ("avx512_vnni", "avx_vnni", "amx_int8")  # the kernel's names in /proc/cpuinfo's flags
+# The labels Node Feature Discovery puts on a node whose CPU has each (value "true"; its cpuid source's flag names).
+NFD_LABELS = {
+    "avx512_vnni": "feature.node.kubernetes.io/cpu-cpuid.AVX512VNNI",
+    "avx_vnni": "feature.node.kubernetes.io/cpu-cpuid.AVXVNNI",
+    "amx_int8": "feature.node.kubernetes.io/cpu-cpuid.AMXINT8",
+}
 # Below this ratio to fp32, int8 is within what repeated measures of the same model move by: it does not pay.
 INT8_PAYS_FROM = 1.2
 

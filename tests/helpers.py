@@ -4,7 +4,8 @@ the exported repository and running server the fixtures hand out, and a poller t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -68,3 +69,13 @@ class RunningServer:
     @property
     def url(self) -> str:
         return str(self.server.url)
+
+
+@contextmanager
+def serving(repo: Path) -> Iterator[str]:
+    """A real tritonserver on `repo` at a free port, by its URL (skipped without the serving extra)."""
+    pytest.importorskip("pytriton", reason=SERVE_EXTRA)
+    from inferop.serving.tritonserver import TritonServer, free_port
+
+    with TritonServer(repo, http_port=free_port()) as running:
+        yield str(running.url)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from inferop.errors import InferopError
-from inferop_export.precision import PRECISIONS
+from inferop_export.data import FORMS
+from inferop_export.precision import GATE_KEYS, PRECISIONS
 from inferop_operator.spec import Batching, Serving, Threads, Timeouts
 
 
@@ -105,8 +106,28 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         "--precision",
         choices=PRECISIONS,
         default="fp32",
-        help="int8: static quantization (QDQ, per-channel weights) calibrated on generated inputs, written only if "
-        "it keeps fp32's answers on 1,000 held-out inputs as the network's accuracy gate says (default fp32)",
+        help="int8: static quantization (QDQ, per-channel weights) calibrated on --calibration, written only if it "
+        "keeps fp32's answers on --validation as its gate says; a built-in network may use its own generated inputs "
+        "and gate (default fp32)",
+    )
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="PATH",
+        help=f"int8's calibration samples: {FORMS}",
+    )
+    parser.add_argument(
+        "--validation",
+        type=Path,
+        metavar="PATH",
+        help="held-out samples the gate compares int8 with fp32 on (with 'labels', accuracy too), as --calibration",
+    )
+    parser.add_argument(
+        "--gate",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set the accuracy gate; repeat per key: " + "; ".join(f"{k}: {v}" for k, v in GATE_KEYS.items()),
     )
     parser.add_argument("--manifest", type=Path, help="also write a ready-to-apply InferenceService to this file")
     parser.add_argument(
@@ -164,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from inferop_export.exporter import VerificationError, export_model
+    from inferop_export.precision import UserData
     from inferop_operator.spec import parse_serving
 
     try:
@@ -177,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
             storage_uri=args.storage_uri,
             precision=args.precision,
             gpu_memory=args.gpu_memory,
+            data=UserData(args.calibration, args.validation, tuple(args.gate)),
         )
     except VerificationError as error:
         print(f"verification failed: {error}", file=sys.stderr)

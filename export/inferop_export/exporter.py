@@ -29,7 +29,7 @@ from inferop.errors import InferopError
 from inferop.quantity import parse_quantity
 from inferop.threads import local_cpus
 from inferop.tritonconfig import DYNAMIC_DIM, MODEL_FILENAME, ServingConfig, render_model_config
-from inferop_export.precision import check_precision, quantize_int8, run_gate
+from inferop_export.precision import UserData, check_precision, precision_inputs, quantize_int8, run_gate
 from inferop_export.profile import ModelProfile, profile_onnx
 from inferop_export.signature import Signature, read_signature
 from inferop_export.sources import Inputs, OnnxFile, TorchModule
@@ -116,14 +116,16 @@ def export_model(
     storage_uri: str | None = None,
     precision: str = "fp32",
     gpu_memory: str | None = None,
+    data: UserData | None = None,
 ) -> ExportReport:
     """Export, verify and write the Triton model directory; raise VerificationError if a check fails.
 
     The config is what the operator would render for `serving` on a pod with this machine's CPUs: threads
     derived from them unless set, the queue bound from the capacity measured here unless set. A reduced
-    `precision` is made from the verified fp32 file and served only if it passes the source's accuracy gate.
-    `gpu_memory` serves it on one GPU with that much device memory."""
-    check_precision(precision, source.gate, source.name)
+    `precision` is made from the verified fp32 file, calibrated and gated on the user's `data` (a built-in network
+    may use its own inputs), and served only if it passes the gate. `gpu_memory` serves it on one GPU with that
+    much device memory."""
+    check_precision(precision, source.gate, source.name, data)
     if gpu_memory is not None:
         parse_quantity(gpu_memory, "--gpu-memory (gpu.memory)")  # before anything is written
     serving = serving or Serving()
@@ -167,12 +169,12 @@ def export_model(
             notes.append(f"outputs not compared: {against}")
         gate, fp32_rate = None, None
         if reduced:
-            assert source.gate is not None  # check_precision refused it otherwise
+            calibration, validation, stated = precision_inputs(source, signature, data, seed + 3)
             int8_path = Path(work) / f"{precision}.onnx"
-            with progress.step(f"{precision}: static quantization, calibrated on generated inputs"):
-                quantize_int8(fp32_path, int8_path, source, signature, seed + 3)
-            with progress.step(f"{precision}: accuracy gate against fp32"):
-                gate = run_gate(precision, fp32_path, int8_path, source, signature, source.gate, seed + 4)
+            with progress.step(f"{precision}: static quantization, calibrated on {calibration.origin}"):
+                quantize_int8(fp32_path, int8_path, calibration, signature)
+            with progress.step(f"{precision}: accuracy gate against fp32 on {validation.origin}"):
+                gate = run_gate(precision, fp32_path, int8_path, validation, signature, stated)
             if not gate.passed:
                 raise VerificationError(
                     f"{source.name}: {precision} fails its accuracy gate ({'; '.join(gate.failures)}); "
@@ -206,7 +208,10 @@ def export_model(
                 inputs=[Tensor.of(t) for t in signature.inputs],
                 outputs=[Tensor.of(t) for t in outputs],
                 processing=source.processing,
-            ).model_dump(by_alias=True, exclude_none=True),
+                precision="int8" if reduced else "fp32",
+            ).model_dump(  # an fp32 model's manifest says nothing of int8
+                by_alias=True, exclude_none=True, exclude=None if reduced else {"precision", "int8_nodes"}
+            ),
             "resources": {"limits": {"cpu": local_cpus(), **({GPU_RESOURCE: 1} if gpu_memory else {})}},
             **({"gpu": {"memory": gpu_memory}} if gpu_memory else {}),
         }

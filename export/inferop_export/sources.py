@@ -54,7 +54,7 @@ class TorchModule:
     output_names: tuple[str, ...] | None = None  # None: "output", or "output_0"... for several
     labels: list[str] | None = None  # class names for the first output (Triton's classification extension)
     processing: Processing | None = None  # how callers make inputs and read outputs; None: plain tensors
-    gate: Gate | None = None  # what a reduced precision must keep of fp32's answers; None: fp32 only
+    gate: Gate | None = None  # what a reduced precision must keep; None: the one its outputs imply
 
     overrides: dict[str, InputFlag] = field(default_factory=dict)  # a module's inputs are fixed by `inputs`
 
@@ -128,7 +128,7 @@ class OnnxFile:
     overrides: dict[str, InputFlag] = field(default_factory=dict)
     labels: list[str] | None = None
     processing: Processing | None = None
-    gate: Gate | None = None  # a user's file has none: it is served as it is
+    gate: Gate | None = None  # None: the one its outputs imply (precision.stated_gate)
 
     @property
     def weights(self) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from inferop import scheduling
 from inferop.capacity import gateway_admission
+from inferop.cpu import NFD_LABELS
 from inferop.tritonconfig import render_model_config
 from inferop_operator import identity, liveness
 from inferop_operator.identity import (
@@ -26,7 +27,7 @@ from inferop_operator.identity import (
 )
 from inferop_operator.plan import Plan
 from inferop_operator.rollout import RolloutStatus, Traffic, canary_replicas, replica_split
-from inferop_operator.spec import GatewayRef, InferenceServiceSpec
+from inferop_operator.spec import GatewayRef, InferenceServiceSpec, Model
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 MODEL_REPOSITORY = "/models"
@@ -388,6 +389,7 @@ def build_deployment(service: Service) -> dict[str, Any]:
                     "fsGroup": TRITON_UID,
                     "seccompProfile": {"type": "RuntimeDefault"},
                 },
+                **int8_affinity(spec.model),
                 "initContainers": init_containers(service, source_mount),
                 "containers": [container],
                 "volumes": [
@@ -411,6 +413,24 @@ def build_deployment(service: Service) -> dict[str, Any]:
         "metadata": metadata(service, service.object_name),
         "spec": deployment_spec,
     }
+
+
+def int8_affinity(model: Model) -> dict[str, Any]:
+    """An int8 model's node affinity to CPUs with int8 dot-product instructions (any one of them), by NFD's labels:
+    the pod spec's `affinity`, or nothing for fp32 or `int8Nodes: any`."""
+    if model.precision != "int8" or model.int8_nodes == "any":
+        return {}
+    terms = [
+        {"matchExpressions": [{"key": label, "operator": "In", "values": ["true"]}]} for label in NFD_LABELS.values()
+    ]
+    affinity: dict[str, Any]
+    if model.int8_nodes == "required":  # node selector terms are ORed: a node with any one of them
+        affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+    else:
+        affinity = {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": t} for t in terms]
+        }
+    return {"affinity": {"nodeAffinity": affinity}}
 
 
 # The Pods metrics the HPA reads, as the chart's prometheus-adapter rules (metricsAdapter) compute them from

@@ -121,6 +121,12 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
         )
     if memory.available_bytes is None:
         warnings.append(f"memory fit not checked: {memory.against}")
+    if spec.model.precision == "int8" and spec.model.int8_nodes != "required":
+        warnings.append(
+            f"int8 model with int8Nodes {spec.model.int8_nodes}: pods may land on nodes without int8 dot-product "
+            "instructions (AVX-512 VNNI, AVX-VNNI, AMX), where int8 runs about as fast as fp32; set "
+            "model.int8Nodes: required to keep them off"
+        )
 
     serving = spec.serving_config(threads, queue.size, gpu_memory_limit(spec, memory, costs))
     return Plan(serving=serving, threads=threads, cpu_source=cpu_source, queue=queue, memory=memory, warnings=warnings)

@@ -39,6 +39,33 @@ class TestGate:
         assert result.failures == ["policy: top-1 agreement 50.0% < 99%", "value: max |diff| 0.3 >= 0.1"]
         assert "candidate against the stable revision on 2 held-out inputs" in result.describe()
 
+    def test_one_sample_whose_output_turns_fails_the_cosine_gate(self) -> None:
+        comparison = Comparison(Gate(min_cosine={"embedding": 0.98, "score": 0.98}))
+        reference = {
+            "embedding": np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]),
+            "score": np.array([[2.0], [-0.01], [3.0]]),
+        }
+        # The second embedding turns a quarter; the second score flips its sign, which a cosine of one value would
+        # call opposite: a score is compared over all samples at once.
+        compared = {
+            "embedding": np.array([[1.1, 0.0], [1.0, 0.0], [2.0, 2.0]]),
+            "score": np.array([[2.1], [0.01], [2.9]]),
+        }
+        comparison.add(reference, compared, 3)
+        result = comparison.result("int8")
+        assert result.cosine["embedding"] == pytest.approx(0.0) and result.cosine["score"] > 0.99
+        assert result.failures == ["embedding: cosine similarity 0.0000 on a sample < 0.98"]
+
+    def test_accuracy_against_labels_may_drop_only_as_far_as_the_gate_says(self) -> None:
+        comparison = Comparison(Gate(top1=("logits",), min_agreement=0.5, max_accuracy_drop=0.25))
+        reference = {"logits": np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3], [0.4, 0.6]])}
+        compared = {"logits": np.array([[0.9, 0.1], [0.6, 0.4], [0.3, 0.7], [0.4, 0.6]])}
+        comparison.add(reference, compared, 4, labels=np.array([0, 1, 0, 1]))
+        result = comparison.result("int8")
+        assert result.accuracy == (1.0, 0.5) and result.agreement == {"logits": 0.5}
+        assert result.failures == ["accuracy 50.00% against fp32's 100.00%: down more than 25.00%"]
+        assert "accuracy fp32 100.00%, int8 50.00%" in result.describe()
+
 
 class TestHeldOutInputs:
     def test_boards_in_batches_of_the_models_largest(self) -> None:

@@ -18,7 +18,7 @@ from inferop.tritonconfig import parse_model_config
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
 from tests import user_models
-from tests.helpers import SERVE_EXTRA
+from tests.helpers import serving
 
 pytest.importorskip("torch", reason="install the export distribution: make install")
 
@@ -202,11 +202,8 @@ def served_repo(tmp_path_factory: pytest.TempPathFactory, sources: Path) -> Path
 
 @pytest.fixture(scope="module")
 def server(served_repo: Path) -> Iterator[str]:
-    pytest.importorskip("pytriton", reason=SERVE_EXTRA)
-    from inferop.serving.tritonserver import TritonServer, free_port
-
-    with TritonServer(served_repo, http_port=free_port()) as running:
-        yield str(running.url)
+    with serving(served_repo) as url:
+        yield url
 
 
 def onnxruntime_outputs(repo: Path, model: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

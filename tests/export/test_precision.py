@@ -20,11 +20,14 @@ from inferop_export.exporter import VerificationError, export_model
 from inferop_export.networks.conv_net import conv_net
 from inferop_export.precision import (
     GATE_SAMPLES,
+    MIN_COSINE,
     PRECISIONS,
     CalibrationInputs,
+    GeneratedSamples,
     PrecisionError,
     average_pools_as_depthwise_convs,
     check_precision,
+    stated_gate,
 )
 from inferop_export.signature import Signature
 from inferop_export.sources import OnnxFile
@@ -39,10 +42,10 @@ def test_an_unknown_precision_names_the_choices() -> None:
         check_precision("bf16", LENIENT, "conv_net")
 
 
-def test_a_model_without_a_gate_is_served_as_fp32_only(tmp_path: Path) -> None:
+def test_a_model_of_the_user_s_own_needs_the_user_s_samples_for_int8(tmp_path: Path) -> None:
     source = OnnxFile("mine", tmp_path / "mine.onnx")
     check_precision("fp32", source.gate, source.name)
-    with pytest.raises(PrecisionError, match="mine has no accuracy gate"):
+    with pytest.raises(PrecisionError, match="mine is calibrated and gated on your own samples: give --calibration"):
         export_model(source, tmp_path / "repo", quiet=True, precision="int8")
     assert not (tmp_path / "repo").exists()
 
@@ -51,7 +54,30 @@ def test_calibration_inputs_of_the_wrong_shape_name_both_shapes() -> None:
     signature = Signature((TensorSpec(name="board", dims=(1, 6, 5)),), (), batched=True)
     source = dataclasses.replace(conv_net(**TINY), make_input=lambda batch, rng: (np.zeros((batch, 1, 5, 6)),))
     with pytest.raises(PrecisionError, match=r"'board' has shape \[1, 1, 5, 6\]; the model takes \[1, 1, 6, 5\]"):
-        CalibrationInputs(source, signature, count=4, seed=0).get_next()
+        CalibrationInputs(GeneratedSamples(source, signature, samples=4, seed=0), signature).get_next()
+
+
+class TestStatedGate:
+    OUTPUTS = (TensorSpec(name="logits", dims=(10,)), TensorSpec(name="embedding", dims=(16,)))
+
+    def test_a_built_in_network_keeps_its_gate_and_a_flag_changes_one_setting(self) -> None:
+        base = conv_net(**TINY).gate
+        assert base is not None
+        outputs = (TensorSpec(name="policy", dims=(5,)), TensorSpec(name="value", dims=(1,)))
+        assert stated_gate(base, None, outputs, labelled=False, stated=()) == base
+        assert stated_gate(base, None, outputs, False, ["agreement=0.95"]).min_agreement == 0.95
+
+    def test_a_user_s_outputs_get_the_gate_of_their_kind(self) -> None:
+        plain = stated_gate(None, None, self.OUTPUTS, labelled=False, stated=())
+        assert plain == Gate(top1=(), min_cosine={"logits": MIN_COSINE, "embedding": MIN_COSINE})
+        labelled = stated_gate(None, None, self.OUTPUTS, labelled=True, stated=())
+        assert labelled.top1 == ("logits",) and set(labelled.min_cosine) == {"embedding"}
+        stated = stated_gate(None, None, self.OUTPUTS, False, ["top1=embedding", "max-abs=0.5", "accuracy-drop=0"])
+        assert stated == Gate(top1=("embedding",), max_abs_diff={"logits": 0.5}, max_accuracy_drop=0.0)
+
+    def test_an_output_the_model_lacks_is_named(self) -> None:
+        with pytest.raises(PrecisionError, match=r"--gate top1=scores: no output 'scores'; the outputs are \['logits'"):
+            stated_gate(None, None, self.OUTPUTS, False, ["top1=scores"])
 
 
 def test_a_gate_lists_every_shortfall_with_its_numbers() -> None:

@@ -950,3 +950,53 @@ class TestRouting:
         quiet = rolling(Traffic(), phase="Agreement", split="replicas", replicas=4)
         assert build_service(quiet)["spec"]["selector"]["app.kubernetes.io/component"] == "predictor"
         assert build_deployment(quiet)["spec"]["replicas"] == 4
+
+
+class TestInt8Placement:
+    """An int8 model's pods go where int8 pays: nodes whose CPUs NFD labels with int8 dot-product instructions."""
+
+    LABELS = frozenset(
+        {
+            "feature.node.kubernetes.io/cpu-cpuid.AVX512VNNI",
+            "feature.node.kubernetes.io/cpu-cpuid.AVXVNNI",
+            "feature.node.kubernetes.io/cpu-cpuid.AMXINT8",
+        }
+    )
+
+    def pod(self, **model: Any) -> dict[str, Any]:
+        raw = raw_spec()
+        raw["model"].update(model)
+        return dict(build_deployment(make_service(raw))["spec"]["template"]["spec"])
+
+    def test_required_keeps_the_pods_to_nodes_with_any_one_of_the_instructions(self) -> None:
+        terms = self.pod(precision="int8", int8Nodes="required")["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        # One term per label: the scheduler ORs terms, so a node with any one of them will do.
+        assert {term["matchExpressions"][0]["key"] for term in terms} == self.LABELS
+        assert all(
+            term["matchExpressions"]
+            == [{"key": term["matchExpressions"][0]["key"], "operator": "In", "values": ["true"]}]
+            for term in terms
+        )
+
+    def test_preferred_is_the_default_and_warns_that_pods_may_land_elsewhere(self) -> None:
+        preferences = self.pod(precision="int8")["affinity"]["nodeAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert {p["preference"]["matchExpressions"][0]["key"] for p in preferences} == self.LABELS
+        raw = raw_spec()
+        raw["model"]["precision"] = "int8"
+        (warning,) = [w for w in plan_service(parse_spec(raw)).warnings if "int8" in w]
+        assert "int8Nodes preferred: pods may land on nodes without int8 dot-product instructions" in warning
+        assert "model.int8Nodes: required" in warning
+
+    @pytest.mark.parametrize("model", [{}, {"precision": "int8", "int8Nodes": "any"}])
+    def test_fp32_or_any_node_places_nothing(self, model: dict[str, str]) -> None:
+        assert "affinity" not in self.pod(**model)
+
+    def test_an_unknown_choice_is_refused_naming_the_field(self) -> None:
+        raw = raw_spec()
+        raw["model"].update(precision="int8", int8Nodes="always")
+        with pytest.raises(SpecError, match="int8Nodes"):
+            parse_spec(raw)

@@ -96,6 +96,7 @@ def serving_bench(seconds: float) -> dict[str, Any]:
         print(f"local tritonserver, {2 * batch} callers of batch 1 ...", flush=True)
         single = bench.sweep(server.url, "inception_v3", [2 * batch], seconds, batch=1)[0]
     int8 = int8_bench(model_dir, batch, seconds)
+    trained = trained_int8_bench(seconds)
     return {
         "cpus": cpus,
         "threads": {"intraOp": intra, "interOp": inter},
@@ -107,8 +108,9 @@ def serving_bench(seconds: float) -> dict[str, Any]:
         "triton_batch1_images_per_s": round(single.throughput, 2),
         "triton_batch1_mean_batch": round(single.mean_batch, 2),
         "triton_batch1_p99_ms": round(single.p99_ms, 1),
-        "errors": errors + single.errors + int8.pop("errors"),
+        "errors": errors + single.errors + int8.pop("errors") + trained.pop("errors"),
         "int8": int8,
+        "trained_classifier_int8": trained,
         "cpu_int8_instructions": cpu_int8_instructions(),
     }
 
@@ -159,22 +161,22 @@ def int8_bench(model_dir: Path, batch: int, seconds: float) -> dict[str, Any]:
     from inferop.serving.localrepo import write_model_repo
     from inferop.tritonconfig import parse_model_config, read_serving_config
     from inferop_export.networks.inception_v3 import inception_v3
-    from inferop_export.precision import quantize_int8, run_gate
+    from inferop_export.precision import precision_inputs, quantize_int8, run_gate
     from inferop_export.signature import read_signature
     from inferop_export.tune import Grid, Search, TritonTrials, require_best, thread_layouts
 
     source = inception_v3()
-    assert source.gate is not None
     fp32 = model_dir / "1" / "model.onnx"
     signature = read_signature(onnx.load(str(fp32)), source.overrides)
+    calibration, validation, stated = precision_inputs(source, signature, None, seed=3)  # as export makes them
     with tempfile.TemporaryDirectory(prefix="inferop-bench-int8-") as work:
         repos = {precision: Path(work) / precision for precision in ("fp32", "int8")}
         for repo in repos.values():
             shutil.copytree(model_dir, repo / model_dir.name)
         int8 = repos["int8"] / model_dir.name / "1" / "model.onnx"
         print("int8: quantizing, then its accuracy gate on 1,000 held-out inputs ...", flush=True)
-        quantize_int8(fp32, int8, source, signature, seed=3)
-        gate = run_gate("int8", fp32, int8, source, signature, source.gate, seed=4)
+        quantize_int8(fp32, int8, calibration, signature)
+        gate = run_gate("int8", fp32, int8, validation, signature, stated)
         print(f"int8 and fp32, served config: {INT8_ROUNDS} alternating rounds of 2 x batch {batch} ...", flush=True)
         served = alternate(repos, model_dir.name, 2, batch, seconds / 2)
 
@@ -206,6 +208,39 @@ def int8_bench(model_dir: Path, batch: int, seconds: float) -> dict[str, Any]:
         "tuned": {precision: {"config": winners[precision], **figures} for precision, figures in tuned.items()},
         "gate": gate.as_dict(),
         "errors": sum(figures["errors"] for figures in (*served.values(), *tuned.values())),
+    }
+
+
+def trained_int8_bench(seconds: float) -> dict[str, Any]:
+    """int8 of a classifier trained here (inferop_devtools.trained), as a user exports it on their own data: its
+    accuracy against the labels beside fp32's, and both through Triton in alternation (batch 8 x 2 callers)."""
+    from inferop_devtools.trained import FACTORY, INPUT_FLAG, write_task
+    from inferop_export.exporter import export_model
+    from inferop_export.precision import UserData
+    from inferop_export.signature import parse_input_flag
+    from inferop_export.sources import torch_module
+
+    with tempfile.TemporaryDirectory(prefix="inferop-bench-trained-") as work:
+        print("a classifier trained here: fp32 and int8 on its own data ...", flush=True)
+        task = write_task(Path(work) / "task")
+        source = torch_module(
+            FACTORY, [parse_input_flag(INPUT_FLAG)], "classifier", output_names=["logits"], weights=task.weights
+        )
+        repos = {precision: Path(work) / precision for precision in ("fp32", "int8")}
+        data = UserData(task.calibration, task.validation)
+        export_model(source, repos["fp32"], quiet=True)
+        report = export_model(source, repos["int8"], quiet=True, precision="int8", data=data)
+        assert report.gate is not None
+        batch = report.serving.max_batch_size
+        print(f"int8 and fp32 of the classifier: {INT8_ROUNDS} alternating rounds of 2 x batch {batch} ...", flush=True)
+        served = alternate(repos, "classifier", 2, batch, seconds / 2)
+    return {
+        "gate": report.gate.as_dict(),
+        "parameters": report.profile.parameters,
+        "fp32_triton_images_per_s": served["fp32"]["median"],
+        "triton_images_per_s": served["int8"]["median"],
+        "rounds": {precision: figures["rounds"] for precision, figures in served.items()},
+        "errors": sum(figures["errors"] for figures in served.values()),
     }
 
 

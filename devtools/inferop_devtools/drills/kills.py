@@ -7,6 +7,7 @@ Events per service.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 import time
@@ -65,6 +66,9 @@ CHILD_PATHS = {
     "HorizontalPodAutoscaler": "/apis/autoscaling/v1/namespaces/{namespace}/horizontalpodautoscalers",
     "PodDisruptionBudget": "/apis/policy/v1beta1/namespaces/{namespace}/poddisruptionbudgets",
 }
+
+
+REQUIRED_CHILDREN = {"ConfigMap", "Service", "Deployment"}
 
 
 def children_by_owner(cluster: DrillCluster) -> dict[str, Counter[str]]:
@@ -138,6 +142,19 @@ def run_operator_kills(
         live_uids = {items[name]["metadata"]["uid"] for name in live}
         # Children of deleted services go with the garbage collector; wait for it before counting orphans.
         wait_until(lambda: set(children_by_owner(cluster)) <= live_uids, 60, "the garbage collector to remove orphans")
+        # A service deleted and created again under its name adopts the children the collector has not removed yet,
+        # and the collector may still delete one it judged orphaned a moment before: the next resync restores it,
+        # after the status has converged. Convergence also waits for every child, for up to two resyncs.
+        uids = {name: items[name]["metadata"]["uid"] for name in live}
+        lacking = sorted(name for name, kinds in _kinds(cluster, uids).items() if not kinds >= REQUIRED_CHILDREN)
+        with contextlib.suppress(TimeoutError):
+            wait_until(
+                lambda: all(kinds >= REQUIRED_CHILDREN for kinds in _kinds(cluster, uids).values()),
+                2 * resync + 5,
+                "every live service's children",
+                interval=0.5,
+            )
+        children_seconds = time.perf_counter() - last_change
         owners = children_by_owner(cluster)
         stale_status, wrong_config, duplicates, missing = [], [], [], []
         for name, spec in live.items():
@@ -151,7 +168,7 @@ def run_operator_kills(
             kinds = owners.get(uid, Counter())
             if any(count > 1 for count in kinds.values()):
                 duplicates.append(name)
-            if not {"ConfigMap", "Service", "Deployment"} <= set(kinds):
+            if not set(kinds) >= REQUIRED_CHILDREN:
                 missing.append(name)
         orphans = sorted(set(owners) - live_uids)
 
@@ -174,6 +191,8 @@ def run_operator_kills(
         "operator_starts": operator.starts,
         "live_services": len(live),
         "converge_after_last_change_s": round(converge_seconds, 2),
+        "children_after_last_change_s": round(children_seconds, 2),
+        "children_restored_after_status": lacking,
         "stale_status": stale_status,
         "wrong_config": wrong_config,
         "duplicate_children": duplicates,
@@ -187,6 +206,12 @@ def run_operator_kills(
         "operator_exits": operator.unexpected_exits,
         "tracebacks": tracebacks,
     }
+
+
+def _kinds(cluster: DrillCluster, uids: dict[str, str]) -> dict[str, set[str]]:
+    """The kinds of child each service (by name, from its uid) owns now."""
+    owners = children_by_owner(cluster)
+    return {name: set(owners.get(uid, ())) for name, uid in uids.items()}
 
 
 def _gone(cluster: DrillCluster, name: str) -> bool:

@@ -140,6 +140,7 @@ def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, An
     calls = admission.requests + admission.errors
     admission_row = {
         "callers": answerable,
+        "capacity_before": round(capacity, 3),
         "calls": calls,
         "rejected": admission.errors,
         "rejected_share": round(admission.errors / calls, 4) if calls else None,
@@ -259,12 +260,15 @@ def quota_goals(
     throttle_ms = (1 - min(cpus, 1.0)) * CFS_PERIOD_US / 1e3
     reject_ms = 50.0 + throttle_ms
     throttled = f": 50 + {throttle_ms:g} the CFS quota may hold it" if throttle_ms else ""
+    # Calls are answered a batch at a time: a call that just misses one waits for it and for those ahead of its own,
+    # up to two batches beyond its share of the callers (at 0.5 CPU two batches take 2.1 s of half the timeout's 5).
+    admitted_two_batches_ms = 2 * batch_round / admission["capacity_before"] * 1e3
     goals = [
         (
             f"{admission['callers']} closed-loop callers (the pod answers them in a third of the timeout): at most "
-            f"{MAX_REJECTED_SHARE:.0%} of their calls rejected, p99 within half the timeout",
+            f"{MAX_REJECTED_SHARE:.0%} of their calls rejected, p99 within half the timeout + two batches",
             at_most(admission["rejected_share"], MAX_REJECTED_SHARE)
-            and at_most(admission["p99_ms"], timeout * WAIT_SHARE_OF_TIMEOUT * 1e3),
+            and at_most(admission["p99_ms"], timeout * WAIT_SHARE_OF_TIMEOUT * 1e3 + admitted_two_batches_ms),
         )
     ]
     for factor in (2.0, 4.0):

@@ -75,16 +75,17 @@ def variants(fp32: Path, work: Path) -> dict[str, Path]:
     import onnx
 
     from inferop_export.networks.inception_v3 import inception_v3
-    from inferop_export.precision import average_pools_as_depthwise_convs, quantize_int8
+    from inferop_export.precision import average_pools_as_depthwise_convs, precision_inputs, quantize_int8
     from inferop_export.signature import read_signature
 
     source = inception_v3()
     signature = read_signature(onnx.load(str(fp32)), source.overrides)
+    calibration = precision_inputs(source, signature, None, seed=3)[0]  # as export makes it
     paths = {"fp32": fp32}
     paths["int8"] = work / "int8.onnx"
-    quantize_int8(fp32, paths["int8"], source, signature, seed=3)  # as export does
+    quantize_int8(fp32, paths["int8"], calibration, signature)
     paths["int8, pools kept"] = work / "int8-pools.onnx"
-    quantize_int8(fp32, paths["int8, pools kept"], source, signature, seed=3, pools_as_convs=False)
+    quantize_int8(fp32, paths["int8, pools kept"], calibration, signature, pools_as_convs=False)
     model = onnx.load(str(fp32))
     rewritten = average_pools_as_depthwise_convs(model)
     paths["fp32, pools as convolutions"] = work / "fp32-convs.onnx"
