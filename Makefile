@@ -23,14 +23,17 @@ help:
 
 install: $(STAMP)
 
-# One distribution per top-level folder (the core here, operator/, export/, devtools/), all four editable in one
-# step: the core's serve extra (tritonserver) and dev extra (checkers), export's torch and ONNX.
-DISTRIBUTIONS := pyproject.toml operator/pyproject.toml export/pyproject.toml devtools/pyproject.toml
+# One distribution per top-level folder (core/, the local runtime here, operator/, export/, devtools/), all five
+# editable in one step: the runtime's serve extra (tritonserver) and dev extra (checkers), export's torch and ONNX.
+DISTRIBUTIONS := core/pyproject.toml pyproject.toml operator/pyproject.toml export/pyproject.toml devtools/pyproject.toml
 
 $(STAMP): $(DISTRIBUTIONS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/pip install --quiet -e '.[serve,dev]' -e ./operator -e ./export -e ./devtools
+	$(BIN)/pip install --quiet -e ./core -e '.[serve,dev]' -e ./operator -e ./export -e ./devtools
+	# A venv made when the root distribution owned the `inferop` script: replacing that distribution removed the
+	# script the core had just written, so the core writes it again.
+	test -x $(BIN)/inferop || $(BIN)/pip install --quiet --no-deps --force-reinstall -e ./core
 	# onnxruntime and onnxruntime-gpu install one `onnxruntime` module: a venv made before the serve extra took
 	# onnxruntime-gpu keeps only that one, reinstalled over the files the other overwrote.
 	if $(BIN)/pip show --quiet onnxruntime-gpu 2>/dev/null && $(BIN)/pip show --quiet onnxruntime 2>/dev/null; then \

@@ -1,6 +1,6 @@
 """`inferop infer`: call a Triton endpoint with `tritonclient.http` and binary tensors.
 
-How inputs are made and outputs read is what the model's config declares (`inferop.processing`), never guessed
+How inputs are made and outputs read is what the model's config declares (`inferop_core.processing`), never guessed
 from its name: image classifiers get their preprocessing and answer with the top labels; board models get a
 board (a file or random) and answer with the move distribution and the value; any other model takes each input
 from an .npy file or generated, and answers with every output's shape and values. Every answer says where the
@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from inferop.agreement import NUMPY_TYPES
-from inferop.errors import InferopError
-from inferop.processing import PROCESSING_PARAMETER, Processing
+from inferop_core.agreement import NUMPY_TYPES
+from inferop_core.errors import InferopError
+from inferop_core.processing import PROCESSING_PARAMETER, Processing
 
 # What the answers of random weights still show, per kind of answer.
 LABELS_CAVEAT = "the labels show the pipeline working, not accuracy"
@@ -101,7 +101,7 @@ def describe(client: Any, model: str) -> ModelInfo:
 
 def recorded_weights(config: dict[str, Any]) -> str | None:
     """The weights' provenance from a model config as Triton's model-config endpoint returns it."""
-    from inferop.tritonconfig import WEIGHTS_PARAMETER
+    from inferop_core.tritonconfig import WEIGHTS_PARAMETER
 
     value = config.get("parameters", {}).get(WEIGHTS_PARAMETER, {}).get("string_value")
     return str(value) if value else None
@@ -109,7 +109,7 @@ def recorded_weights(config: dict[str, Any]) -> str | None:
 
 def weights_note(weights: str | None, caveat: str) -> str:
     """One line on what the answers are worth: the provenance, and for random weights `caveat` with it."""
-    from inferop.tritonconfig import WEIGHTS_PARAMETER, weights_are_random
+    from inferop_core.tritonconfig import WEIGHTS_PARAMETER, weights_are_random
 
     if weights is None:
         return f"weights: not recorded (the model's config has no {WEIGHTS_PARAMETER!r} parameter)"

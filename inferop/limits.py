@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferop.errors import InferopError
-from inferop.quantity import format_bytes, parse_quantity
+from inferop_core.errors import InferopError
+from inferop_core.quantity import format_bytes, parse_quantity
 
 CFS_PERIOD_US = 100_000  # the kubelet's CFS period: a CPU limit is a quota of CPU time per 100 ms
 MIN_CFS_QUOTA_US = 1_000  # the kernel refuses smaller quotas; the kubelet rounds up to it

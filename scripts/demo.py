@@ -14,9 +14,9 @@ import time
 from typing import Any
 
 from inferop import bench
-from inferop.cli import main as inferop
 from inferop.paths import repo_root
 from inferop.serving.tritonserver import TritonServer, free_port
+from inferop_core.cli import main as inferop
 from inferop_export.networks import registered_networks
 
 ROOT = repo_root()

@@ -75,7 +75,7 @@ trap 'exit 130' INT TERM
 # --- images --------------------------------------------------------------------------------------------
 if [[ ! -d model_repo/$MODEL ]]; then
     log "exporting $MODEL into model_repo (needs the export distribution, export/: make install)"
-    "$PYTHON" -m inferop.cli export "$MODEL" --repo model_repo >&2
+    "$PYTHON" -m inferop_core.cli export "$MODEL" --repo model_repo >&2
 fi
 log "building $OPERATOR_IMAGE"
 docker build --quiet -f operator/Dockerfile -t "$OPERATOR_IMAGE" . >&2
@@ -135,5 +135,5 @@ for _ in $(seq 1 60); do
     kill -0 "$PF_PID" 2>/dev/null || { cat "$WORK/port-forward.log" >&2; die "kubectl port-forward exited"; }
     sleep 1
 done
-"$PYTHON" -m inferop.cli infer --url "127.0.0.1:$PORT" --model "$MODEL"
+"$PYTHON" -m inferop_core.cli infer --url "127.0.0.1:$PORT" --model "$MODEL"
 log "passed: $SERVICE served from oci://$MODEL_IMAGE on kind"

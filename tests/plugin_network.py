@@ -7,7 +7,7 @@ import argparse
 import torch
 from torch import nn
 
-from inferop.tritonconfig import TensorSpec, random_weights
+from inferop_core.tritonconfig import TensorSpec, random_weights
 from inferop_export.networks import NetworkContract
 from inferop_export.sources import TorchModule
 

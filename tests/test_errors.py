@@ -8,7 +8,7 @@ import pkgutil
 
 import pytest
 
-from inferop.errors import InferopError
+from inferop_core.errors import InferopError
 
 PACKAGES = ("inferop", "inferop_operator", "inferop_export", "inferop_devtools")
 # Runs inside Triton's python stub only (it imports the stub's own module).

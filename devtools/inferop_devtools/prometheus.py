@@ -28,8 +28,8 @@ from typing import Any
 
 import yaml
 
-from inferop.errors import InferopError
 from inferop.paths import log_tail, repo_root
+from inferop_core.errors import InferopError
 from inferop_devtools.cluster.controlplane import free_ports
 from inferop_devtools.cluster.tools import helm
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferop.errors import InferopError
+from inferop_core.errors import InferopError
 from inferop_export.data import FORMS
 from inferop_export.precision import GATE_KEYS, PRECISIONS
 from inferop_operator.spec import Batching, Serving, Threads, Timeouts

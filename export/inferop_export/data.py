@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inferop.errors import InferopError
+from inferop_core.errors import InferopError
 from inferop_export.signature import NUMPY_DTYPES, Signature
 
 LABELS = "labels"

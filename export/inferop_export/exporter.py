@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from inferop.agreement import GateResult
-from inferop.cpu import cpu_int8_instructions, int8_verdict
-from inferop.errors import InferopError
-from inferop.quantity import parse_quantity
-from inferop.threads import local_cpus
-from inferop.tritonconfig import DYNAMIC_DIM, MODEL_FILENAME, ServingConfig, render_model_config
+from inferop_core.agreement import GateResult
+from inferop_core.cpu import cpu_int8_instructions, int8_verdict
+from inferop_core.errors import InferopError
+from inferop_core.quantity import parse_quantity
+from inferop_core.threads import local_cpus
+from inferop_core.tritonconfig import DYNAMIC_DIM, MODEL_FILENAME, ServingConfig, render_model_config
 from inferop_export.precision import UserData, check_precision, precision_inputs, quantize_int8, run_gate
 from inferop_export.profile import ModelProfile, profile_onnx
 from inferop_export.signature import Signature, read_signature

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from inferop.quantity import format_bytes
+from inferop_core.quantity import format_bytes
 from inferop_operator.identity import API_VERSION, KIND
 from inferop_operator.plan import memory_limit, plan_service
 from inferop_operator.spec import InferenceServiceSpec, parse_spec

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import onnx
 
-from inferop.agreement import Comparison, Gate, GateResult, default_gate
-from inferop.errors import InferopError
-from inferop.processing import Processing
-from inferop.tritonconfig import TensorSpec
+from inferop_core.agreement import Comparison, Gate, GateResult, default_gate
+from inferop_core.errors import InferopError
+from inferop_core.processing import Processing
+from inferop_core.tritonconfig import TensorSpec
 from inferop_export.data import FORMS, DataError, SampleSet, check_labels, load_samples, samples_needed
 from inferop_export.signature import Signature
 

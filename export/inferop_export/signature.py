@@ -14,8 +14,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from inferop.errors import InferopError
-from inferop.tritonconfig import DYNAMIC_DIM, TENSOR_NAME_PATTERN, Datatype, TensorSpec
+from inferop_core.errors import InferopError
+from inferop_core.tritonconfig import DYNAMIC_DIM, TENSOR_NAME_PATTERN, Datatype, TensorSpec
 
 # ONNX element types Triton serves, by Triton's name (TensorProto.FLOAT -> "FP32", ...).
 ONNX_DATATYPES: dict[int, Datatype] = {

@@ -20,10 +20,10 @@ import onnx
 import torch
 from torch import nn
 
-from inferop.agreement import Gate
-from inferop.errors import InferopError
-from inferop.processing import Processing
-from inferop.tritonconfig import TensorSpec
+from inferop_core.agreement import Gate
+from inferop_core.errors import InferopError
+from inferop_core.processing import Processing
+from inferop_core.tritonconfig import TensorSpec
 from inferop_export.signature import InputFlag, Signature, generated_inputs
 
 # Largest batch the exported graph accepts, as a multiple of maxBatchSize: torch.export needs a bound.

@@ -27,9 +27,9 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from inferop.errors import InferopError
-from inferop.threads import plan_threads
-from inferop.tritonconfig import ServingConfig
+from inferop_core.errors import InferopError
+from inferop_core.threads import plan_threads
+from inferop_core.tritonconfig import ServingConfig
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -518,7 +518,7 @@ class TuneRequest:
     def from_args(cls, args: argparse.Namespace) -> TuneRequest:
         from inferop.limits import LimitsError, PodLimits
         from inferop.serving.localrepo import model_dirs
-        from inferop.tritonconfig import parse_model_config, read_serving_config
+        from inferop_core.tritonconfig import parse_model_config, read_serving_config
 
         try:
             cpus = PodLimits.from_strings(args.cpus, None, None).cpus
@@ -580,7 +580,7 @@ def winner_files(request: TuneRequest, winner: Trial) -> dict[str, str]:
     """The winning config.pbtxt and a manifest that renders the very same config on a pod with the tuned CPUs."""
     import yaml
 
-    from inferop.tritonconfig import render_model_config
+    from inferop_core.tritonconfig import render_model_config
     from inferop_export.manifest import build_manifest
     from inferop_operator.plan import plan_service
 

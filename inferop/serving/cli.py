@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from inferop import scheduling
 from inferop.limits import LimitsError, PodLimits, describe_usage
 from inferop.serving.localrepo import RepositoryError
 from inferop.serving.tritonserver import ServerError, TritonServer
+from inferop_core import scheduling
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

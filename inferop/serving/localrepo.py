@@ -10,9 +10,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from inferop.errors import InferopError
 from inferop.serving.gpu import local_gpu
-from inferop.tritonconfig import (
+from inferop_core.errors import InferopError
+from inferop_core.tritonconfig import (
     MODEL_FILENAME,
     ONNX_PLATFORM,
     ServingConfig,

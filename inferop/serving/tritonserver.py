@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from inferop import scheduling
-from inferop.errors import InferopError
 from inferop.limits import PodCgroup, PodLimits
 from inferop.paths import cache_dir, log_tail
-from inferop.quantity import format_bytes
 from inferop.serving.localrepo import prepare_local_repo
+from inferop_core import scheduling
+from inferop_core.errors import InferopError
+from inferop_core.quantity import format_bytes
 
 READY_TIMEOUT_S = 120.0
 # "failed to load 'name' version 1: <reason>", up to the reason's first escaped newline (a traceback follows).
@@ -95,7 +95,7 @@ class TritonServer:
 
     Use as a context manager, or `start()` / `stop()`. `extra_args` are passed to tritonserver as they are.
     `limits` run it in a pod's cgroup (`cgroup`); `stop()` keeps the cgroup's last measurements in `usage`.
-    `cpu_scheduling` is the Linux scheduling policy of the operator's pods (see inferop.scheduling).
+    `cpu_scheduling` is the Linux scheduling policy of the operator's pods (see inferop_core.scheduling).
     """
 
     repo: Path

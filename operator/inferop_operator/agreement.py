@@ -13,13 +13,13 @@ import urllib.request
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from inferop.errors import InferopError
+from inferop_core.errors import InferopError
 from inferop_operator.spec import InferenceServiceSpec
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from inferop.agreement import GateResult
+    from inferop_core.agreement import GateResult
 
 REQUEST_TIMEOUT = 30.0  # seconds one batch may take on either pod
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -36,7 +36,7 @@ def infer(
     """One inference over Triton's HTTP/REST protocol with binary tensors; the outputs by name."""
     import numpy as np
 
-    from inferop.agreement import NUMPY_TYPES
+    from inferop_core.agreement import NUMPY_TYPES
 
     datatypes = {np.dtype(t): name for name, t in NUMPY_TYPES.items()}
     blobs = [np.ascontiguousarray(array).tobytes() for array in inputs.values()]
@@ -86,7 +86,7 @@ def compare_revisions(
 ) -> GateResult:
     """Both pods on the held-out inputs the candidate's processing makes, compared by the gate its processing and
     spec.rollout.agreement imply. Models whose tensors differ cannot agree: that is a failed check, not an error."""
-    from inferop.agreement import Comparison, default_gate, held_out_inputs
+    from inferop_core.agreement import Comparison, default_gate, held_out_inputs
 
     assert candidate.rollout is not None, "a rollout asks for the agreement check"
     settings = candidate.rollout.agreement

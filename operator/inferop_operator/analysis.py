@@ -14,7 +14,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from inferop.errors import InferopError
+from inferop_core.errors import InferopError
 from inferop_operator.identity import COMPONENT, COMPONENTS, INSTANCE, Track
 from inferop_operator.rollout import TrackFigures, track_figures
 

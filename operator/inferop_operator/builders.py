@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferop import scheduling
-from inferop.capacity import gateway_admission
-from inferop.cpu import NFD_LABELS
-from inferop.tritonconfig import render_model_config
+from inferop_core import scheduling
+from inferop_core.capacity import gateway_admission
+from inferop_core.cpu import NFD_LABELS
+from inferop_core.tritonconfig import render_model_config
 from inferop_operator import identity, liveness
 from inferop_operator.identity import (
     API_VERSION,
@@ -566,7 +566,7 @@ NO_LIMIT = 2**32 - 1
 
 def build_admission_policy(service: Service, api_version: str) -> dict[str, Any]:
     """Envoy Gateway's BackendTrafficPolicy for the service's HTTPRoute: Envoy refuses (503, at once) a request that
-    the pods would reject, before its body reaches one (inferop.capacity.gateway_admission).
+    the pods would reject, before its body reaches one (inferop_core.capacity.gateway_admission).
 
     The bound is on the backend's parallel requests, counted when a request is handed to a connection: a request
     beyond it is refused then, never held waiting for one, and callers arriving together are not refused while

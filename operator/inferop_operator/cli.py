@@ -71,11 +71,13 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from inferop_operator import handlers
+    from inferop_operator.settings import read_settings
 
+    operator_settings = read_settings()
     hold_memory_down()  # before any handler thread exists
 
     log_format = (
-        kopf.LogFormat.JSON if (args.log_format or handlers.SETTINGS.log_format) == "json" else kopf.LogFormat.PLAIN
+        kopf.LogFormat.JSON if (args.log_format or operator_settings.log_format) == "json" else kopf.LogFormat.PLAIN
     )
     kopf.configure(verbose=args.verbose, log_format=log_format)
     settings = kopf.OperatorSettings()
@@ -89,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
             namespaces=args.namespace,
             liveness_endpoint=args.liveness,
             settings=settings,
+            registry=handlers.registry(operator_settings),
         )
     )
     return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from inferop.quantity import format_bytes, parse_quantity
+from inferop_core.quantity import format_bytes, parse_quantity
 from inferop_operator.identity import COMPONENT
 from inferop_operator.plan import MEMORY_MARGIN, memory_limit
 

@@ -16,7 +16,7 @@ import kopf
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from inferop.errors import InferopError
+from inferop_core.errors import InferopError
 from inferop_operator.builders import CHILDREN, GATEWAY_GROUP, Service, routing_for
 from inferop_operator.diagnosis import pod_facts
 from inferop_operator.identity import (
@@ -61,7 +61,6 @@ from inferop_operator.status import (
     status_patch,
 )
 
-SETTINGS = OperatorSettings()
 log = logging.getLogger(__name__)
 # Seconds before a reconcile that could not reach the API server is tried again.
 UNREACHABLE_RETRY = 2.0
@@ -75,16 +74,48 @@ R = TypeVar("R")
 _api: KubeApi | None = None
 _threads: Executor | None = None  # kopf's threads for sync handlers, shared by the async handlers' API calls
 _advised = AdviceLedger()  # shared by the service's, the Deployment's and the pods' handlers
+_settings: OperatorSettings | None = None  # read when the operator starts (`registry`)
+
+
+def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
+    """The operator's handlers, for a run with `settings` (read when the operator starts, not when this module is
+    imported): the timers' intervals are settings, and a process may run the operator several times."""
+    global _settings
+    _settings = settings
+    handlers = kopf.OperatorRegistry()
+    kopf.on.startup(registry=handlers)(configure)
+    kopf.on.login(registry=handlers)(login)
+    for on in (kopf.on.resume, kopf.on.create):
+        on(GROUP, VERSION, PLURAL, registry=handlers)(on_change)
+    kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=handlers)(on_change)
+    resync_every = settings.resync_seconds
+    kopf.timer(GROUP, VERSION, PLURAL, interval=resync_every, initial_delay=resync_every, registry=handlers)(resync)
+    tick = settings.rollout_tick_seconds
+    kopf.timer(GROUP, VERSION, PLURAL, interval=tick, when=rollout_in_flight, registry=handlers)(rollout_tick)
+    for index in (services, service_uids):
+        kopf.index(GROUP, VERSION, PLURAL, registry=handlers)(index)
+    kopf.on.event(GROUP, VERSION, PLURAL, registry=handlers)(forget_deleted)
+    kopf.index("apps", "v1", "deployments", labels=MANAGED, registry=handlers)(deployments)
+    kopf.index("", "v1", "pods", labels=MANAGED, registry=handlers)(pods)
+    # kopf passes indices as keyword arguments its handler protocols do not list.
+    kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=handlers)(deployment_event)  # type: ignore[arg-type]
+    kopf.on.event("", "v1", "pods", labels=MANAGED, registry=handlers)(pod_event)  # type: ignore[arg-type]
+    return handlers
+
+
+def operator_settings() -> OperatorSettings:
+    assert _settings is not None, "the operator's settings are read when it starts (registry)"
+    return _settings
 
 
 def api() -> KubeApi:
     global _api
     if _api is None:
-        _api = KubeApi(load_client(SETTINGS.api_workers), SETTINGS.field_manager)
+        settings = operator_settings()
+        _api = KubeApi(load_client(settings.api_workers), settings.field_manager)
     return _api
 
 
-@kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Our state lives in our own annotation prefix, not kopf's default, so two tools never collide.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -100,7 +131,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.worker_limit = 4
     # Sync handlers (the reconciles) run in threads, each waiting on the API server: more threads than the server
     # answers at once only hold more objects in flight.
-    settings.execution.max_workers = SETTINGS.api_workers
+    settings.execution.max_workers = operator_settings().api_workers
     global _threads, _api
     _threads = settings.execution.executor
     _api = None  # logged in again by each run: a process may run the operator against several clusters in turn
@@ -113,7 +144,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # pod and Deployment of the cluster streamed to the operator and remembered by kopf.
     settings.watching.label_selectors["apps", "v1", "deployments"] = label_selector(MANAGED)
     settings.watching.label_selectors["", "v1", "pods"] = TRITON_PODS_SELECTOR
-    await_served(SETTINGS.crd_wait_seconds)
+    await_served(operator_settings().crd_wait_seconds)
 
 
 class NotServed(InferopError, kopf.PermanentError):
@@ -143,7 +174,6 @@ def await_served(timeout: float) -> None:
         time.sleep(0.2)
 
 
-@kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """In a pod, the service account; elsewhere the KUBECONFIG of this moment (the client library would
     use the one seen when it was first imported)."""
@@ -228,7 +258,7 @@ def _reconcile(
         patch_status(namespace, name, current, new_status)
         raise kopf.PermanentError(f"invalid spec: {error}") from None
     try:
-        plan = plan_service(spec, SETTINGS.runtime_costs())
+        plan = plan_service(spec, operator_settings().runtime_costs())
         split, gateway, routing_warning = routing_mode(spec, namespace)
     except Refusal as refusal:
         new_status = refused_status(refusal.condition, refusal.reason, refusal.message, generation, previous)
@@ -251,7 +281,9 @@ def _reconcile(
     state = decide(spec, revision_of(spec, image), known, split, now, former(old_spec))
     service = service_tree(name, namespace, uid, spec, plan, state, split, gateway, deployments)
     if tick and spec.rollout is not None and state.candidate_wanted:
-        observed, state = observe(service, spec, state, split, api(), deployments, pods(), SETTINGS.prometheus_url, now)
+        observed, state = observe(
+            service, spec, state, split, api(), deployments, pods(), operator_settings().prometheus_url, now
+        )
         state = advance(state, spec.rollout, observed, served_fields(spec))
         if state == known:
             return previous, False  # nothing moved: no write
@@ -293,7 +325,7 @@ def routing_mode(spec: InferenceServiceSpec, namespace: str) -> tuple[str, Gatew
     """How callers are routed: through the Gateway the spec or the operator's settings name, where Gateway API is
     served ("gateway"), else by the share of pods behind the one Service ("replicas"); and a warning, if any. Header
     matches and mirroring need a gateway: without one they are refused, saying what to install."""
-    wanted = spec.gateway or SETTINGS.gateway()
+    wanted = spec.gateway or operator_settings().gateway()
     served = wanted is not None and api().serves(ROUTE_API, "httproutes")
     rollout = spec.rollout
     if wanted is None or not served:
@@ -351,7 +383,7 @@ def service_tree(
     """The stable track (the stable revision's spec, or the spec itself without a rollout) with its routing and,
     while a candidate runs, the candidate track built from the spec."""
     stable = stable_spec(spec, state)
-    stable_plan = plan if stable is spec else plan_service(stable, SETTINGS.runtime_costs())
+    stable_plan = plan if stable is spec else plan_service(stable, operator_settings().runtime_costs())
 
     def replicas(deployment_name: str) -> int | None:
         found = deployments.get(deployment_name)
@@ -460,7 +492,7 @@ def apply_children(service: Service, body: Any, delete_unwanted: bool = True) ->
 
 
 def image_for(spec: InferenceServiceSpec) -> str:
-    return spec.runtime.image or SETTINGS.triton_image
+    return spec.runtime.image or operator_settings().triton_image
 
 
 def patch_status(namespace: str, name: str, current: Mapping[str, Any], new: Status) -> bool:
@@ -479,9 +511,6 @@ def patch_status(namespace: str, name: str, current: Mapping[str, Any], new: Sta
     return True
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 def on_change(
     name: str,
     namespace: str | None,
@@ -519,7 +548,6 @@ def on_change(
     )
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.resync_seconds, initial_delay=SETTINGS.resync_seconds)
 def resync(
     name: str,
     namespace: str | None,
@@ -544,7 +572,6 @@ def rollout_in_flight(status: Any, **_: Any) -> bool:
     return ((status or {}).get("rollout") or {}).get("phase") in CANDIDATE_PHASES
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.rollout_tick_seconds, when=rollout_in_flight)
 def rollout_tick(
     name: str,
     namespace: str | None,
@@ -606,39 +633,32 @@ def service_deployments(indices: Mapping[str, Any], namespace: str, name: str) -
 # The indices and the Deployment's and pods' handlers are coroutines: kopf runs a plain function on a thread, and
 # every event would wait behind the queued reconciles holding its object's body (945 of them 19 s into a burst of
 # 1,000 creates).
-@kopf.index(GROUP, VERSION, PLURAL)
 async def services(uid: str, status: Any, **_: Any) -> dict[str, dict[str, Any]]:
     """Statuses of the services by uid, kept in memory from the watch, so following a Deployment costs no GET."""
     return {uid: copy.deepcopy(dict(status or {}))}
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
 async def forget_deleted(event: kopf.RawEvent, uid: str, **_: Any) -> None:
     """A deleted service's advice is forgotten with it: a long-running operator does not keep every uid it saw."""
     if event["type"] == "DELETED":
         _advised.forget(uid)
 
 
-@kopf.index(GROUP, VERSION, PLURAL)
 async def service_uids(name: str, namespace: str | None, uid: str, **_: Any) -> dict[tuple[str | None, str], str]:
     """Uids of the services by namespace and name: a pod names its service only by its instance label."""
     return {(namespace, name): uid}
 
 
-@kopf.index("apps", "v1", "deployments", labels=MANAGED)
 async def deployments(name: str, namespace: str | None, body: Any, **_: Any) -> dict[tuple[str | None, str], Any]:
     """Each Triton Deployment's progress (`deployment_summary`), by namespace and name: a rollout asks no GET."""
     return {(namespace, name): deployment_summary(dict(body))}
 
 
-@kopf.index("", "v1", "pods", labels=MANAGED)
 async def pods(body: Any, namespace: str | None, labels: Any, **_: Any) -> dict[tuple[str | None, str], dict[str, Any]]:
     """What each service's pods report about their containers (`pod_facts`), by namespace and service name."""
     return {(namespace, str(labels.get(INSTANCE))): pod_facts(dict(body))}
 
 
-# kopf passes indices as keyword arguments its handler protocols do not list.
-@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)  # type: ignore[arg-type]
 async def deployment_event(
     body: Any,
     namespace: str | None,
@@ -671,7 +691,6 @@ async def deployment_event(
     await write_status(namespace, owner["name"], written, new_status)
 
 
-@kopf.on.event("", "v1", "pods", labels=MANAGED)  # type: ignore[arg-type]
 async def pod_event(
     namespace: str | None,
     labels: Any,

@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from inferop.errors import InferopError
+from inferop_core.errors import InferopError
 from inferop_operator.builders import CHILDREN, Child
 from inferop_operator.identity import API_VERSION, KIND, PLURAL
 

@@ -10,9 +10,9 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from inferop.capacity import QueueBound, derive_queue_bound, pod_capacity
-from inferop.errors import InferopError
-from inferop.memory import (
+from inferop_core.capacity import QueueBound, derive_queue_bound, pod_capacity
+from inferop_core.errors import InferopError
+from inferop_core.memory import (
     CONTAINER_RUNTIME,
     GPU_RUNTIME,
     MemoryEstimate,
@@ -22,9 +22,9 @@ from inferop.memory import (
     estimate_memory,
     instance_device_bytes,
 )
-from inferop.quantity import format_bytes, parse_quantity
-from inferop.threads import OversubscribedError, ThreadPlan, check_budget, plan_threads
-from inferop.tritonconfig import ServingConfig
+from inferop_core.quantity import format_bytes, parse_quantity
+from inferop_core.threads import OversubscribedError, ThreadPlan, check_budget, plan_threads
+from inferop_core.tritonconfig import ServingConfig
 from inferop_operator.spec import InferenceServiceSpec
 
 # A memory limit sized from the peak estimate gets this share on top, the estimate's stated accuracy: export writes

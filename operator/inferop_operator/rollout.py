@@ -34,7 +34,7 @@ from pydantic import ConfigDict, Field
 from inferop_operator.spec import InferenceServiceSpec, Rollout, Section
 
 if TYPE_CHECKING:  # numpy stays out of the operator until a rollout compares answers
-    from inferop.agreement import GateResult
+    from inferop_core.agreement import GateResult
 
 Phase = Literal[
     "Agreement", "Progressing", "Paused", "Promoting", "Finishing", "Succeeded", "RollingBack", "RolledBack"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from inferop.memory import CONTAINER_RUNTIME, RuntimeCosts
-from inferop.quantity import format_bytes, parse_quantity
+from inferop_core.errors import InferopError
+from inferop_core.memory import CONTAINER_RUNTIME, RuntimeCosts
+from inferop_core.quantity import format_bytes, parse_quantity
 from inferop_operator.spec import GatewayRef
 
 
@@ -88,3 +89,21 @@ class OperatorSettings(BaseSettings):
             return CONTAINER_RUNTIME
         overhead = parse_quantity(self.runtime_memory_overhead, "INFEROP_RUNTIME_MEMORY_OVERHEAD")
         return replace(CONTAINER_RUNTIME, baseline_bytes=round(overhead), assumed=None)
+
+
+class SettingsError(InferopError, ValueError):
+    """An INFEROP_* environment variable the operator cannot start with."""
+
+
+def read_settings() -> OperatorSettings:
+    """The settings from the environment as the operator starts, an invalid one named by its variable."""
+    try:
+        return OperatorSettings()
+    except ValidationError as error:
+        raise SettingsError(f"the operator's settings: {'; '.join(map(_problem, error.errors()))}") from None
+
+
+def _problem(error: Any) -> str:
+    variable = "INFEROP_" + "_".join(str(part) for part in error["loc"]).upper()
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return message if message.startswith(variable) else f"{variable}: {message}"

@@ -12,13 +12,13 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from inferop.capacity import QUEUE_BOUND_RULE, UNKNOWN_CAPACITY_RULE
-from inferop.errors import InferopError
-from inferop.processing import Processing
-from inferop.quantity import QUANTITY_PATTERN, parse_quantity
-from inferop.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
-from inferop.threads import ThreadPlan
-from inferop.tritonconfig import DYNAMIC_DIM, TENSOR_NAME_PATTERN, Datatype, ServingConfig, TensorSpec
+from inferop_core.capacity import QUEUE_BOUND_RULE, UNKNOWN_CAPACITY_RULE
+from inferop_core.errors import InferopError
+from inferop_core.processing import Processing
+from inferop_core.quantity import QUANTITY_PATTERN, parse_quantity
+from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
+from inferop_core.threads import ThreadPlan
+from inferop_core.tritonconfig import DYNAMIC_DIM, TENSOR_NAME_PATTERN, Datatype, ServingConfig, TensorSpec
 
 STORAGE_SCHEMES = ("pvc", "hostpath", "oci")
 GPU_RESOURCE = "nvidia.com/gpu"

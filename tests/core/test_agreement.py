@@ -1,4 +1,4 @@
-"""When two models answer alike (inferop.agreement), and the rollout's check of it against real tritonservers
+"""When two models answer alike (inferop_core.agreement), and the rollout's check of it against real tritonservers
 (inferop_operator.agreement): the same model agrees, other weights do not."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inferop.agreement import Comparison, Gate, default_gate, held_out_inputs
-from inferop.processing import Processing
-from inferop.tritonconfig import TensorSpec
+from inferop_core.agreement import Comparison, Gate, default_gate, held_out_inputs
+from inferop_core.processing import Processing
+from inferop_core.tritonconfig import TensorSpec
 from inferop_operator.agreement import AgreementError, compare_revisions, infer
 from inferop_operator.spec import parse_spec
 from tests.helpers import SERVING, TINY, ExportedRepo, RunningServer

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from inferop.capacity import QueueBound, derive_queue_bound, pod_capacity
-from inferop.threads import ThreadPlan, plan_threads
+from inferop_core.capacity import QueueBound, derive_queue_bound, pod_capacity
+from inferop_core.threads import ThreadPlan, plan_threads
 
 
 class TestDeriveQueueBound:

@@ -8,10 +8,12 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from inferop import cli
-from inferop.commands import BENCH, GROUP, INFER, PROVIDERS, SERVE, Command
+from inferop.commands import BENCH, INFER, SERVE
+from inferop_core import cli
+from inferop_core.commands import GROUP, PROVIDERS, Command
+from inferop_operator.commands import OPERATOR
 
-CORE_ONLY: dict[str, Command] = {"bench": BENCH, "infer": INFER, "serve": SERVE}  # what the core alone registers
+RUNTIME_ONLY: dict[str, Command] = {"bench": BENCH, "infer": INFER, "serve": SERVE}  # the local runtime's commands
 
 
 def fresh_interpreter(code: str) -> subprocess.CompletedProcess[str]:
@@ -42,14 +44,25 @@ class TestMissingDistribution:
     def test_names_the_distribution_to_install(
         self, argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        monkeypatch.setattr(cli, "installed", lambda: dict(CORE_ONLY))
+        monkeypatch.setattr(cli, "installed", lambda: dict(RUNTIME_ONLY))
         assert cli.main(argv) == 2
         assert capsys.readouterr().err == message
+
+    def test_the_operator_image_names_the_runtime_for_serve(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The operator image installs the core and the operator only (tests/core/test_distributions.py)."""
+        monkeypatch.setattr(cli, "installed", lambda: {"operator": OPERATOR})
+        assert cli.main(["serve", "model_repo"]) == 2
+        assert capsys.readouterr().err == (
+            "inferop: inferop serve is provided by inferop, which is not installed here: "
+            "pip install inferop (from a checkout of inferop: pip install .)\n"
+        )
 
     def test_help_lists_installed_commands_and_names_the_missing(
         self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        monkeypatch.setattr(cli, "installed", lambda: dict(CORE_ONLY))
+        monkeypatch.setattr(cli, "installed", lambda: dict(RUNTIME_ONLY))
         with pytest.raises(SystemExit) as exit_:
             cli.main(["--help"])
         assert exit_.value.code == 0
@@ -65,7 +78,7 @@ class TestMissingDistribution:
     def test_an_unknown_command_is_argparse_s_error(
         self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        monkeypatch.setattr(cli, "installed", lambda: dict(CORE_ONLY))
+        monkeypatch.setattr(cli, "installed", lambda: dict(RUNTIME_ONLY))
         with pytest.raises(SystemExit) as exit_:
             cli.main(["nonsense"])
         assert exit_.value.code == 2
@@ -74,7 +87,7 @@ class TestMissingDistribution:
 
 class TestRegistration:
     def test_each_distribution_registers_the_commands_it_provides(self) -> None:
-        """Here all four are installed (make install); the table of providers matches their metadata."""
+        """Here all five are installed (make install); the table of providers matches their metadata."""
         registered = {entry.name: entry.dist.name if entry.dist else None for entry in entry_points(group=GROUP)}
         assert registered == {name: provider.distribution for name, provider in PROVIDERS.items()}
 
@@ -93,7 +106,7 @@ class TestLazyImports:
     def test_top_level_help_imports_no_command_module(self) -> None:
         code = (
             "import sys\n"
-            "from inferop.cli import main\n"
+            "from inferop_core.cli import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             "heavy = {'torch', 'onnx', 'kopf', 'kubernetes', 'inferop.serving.cli', 'inferop_export.cli',\n"
             "         'inferop_operator.cli', 'inferop_devtools.cluster.cli'}\n"
@@ -106,7 +119,7 @@ class TestLazyImports:
     def test_the_operator_command_does_not_import_torch(self) -> None:
         code = (
             "import sys\n"
-            "from inferop.cli import main\n"
+            "from inferop_core.cli import main\n"
             "try:\n    main(['operator', '--help'])\nexcept SystemExit:\n    pass\n"
             "print('inferop_operator.cli' in sys.modules, 'torch' in sys.modules)\n"
         )

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from inferop.memory import (
+from inferop_core.memory import (
     CONTAINER_RUNTIME,
     GPU_RUNTIME,
     LOCAL_RUNTIME,
@@ -19,7 +19,7 @@ from inferop.memory import (
     ServingShape,
     estimate_memory,
 )
-from inferop.quantity import format_bytes
+from inferop_core.quantity import format_bytes
 
 # Round constants, so every term below can be checked by hand.
 COSTS = RuntimeCosts(

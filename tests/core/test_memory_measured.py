@@ -1,4 +1,4 @@
-"""The local runtime's memory constants (inferop.memory.LOCAL_RUNTIME) against peaks the kernel measured.
+"""The local runtime's memory constants (inferop_core.memory.LOCAL_RUNTIME) against peaks the kernel measured.
 
 tests/data/memory_measured.json holds the points of one `make field` memory drill (out/field/memory-points.json):
 each pod's peak in a memory cgroup, idle and saturated at its derived queue bound, with the model's costs as
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from inferop.memory import LOCAL_RUNTIME, ModelCosts, ServingShape, estimate_memory
+from inferop_core.memory import LOCAL_RUNTIME, ModelCosts, ServingShape, estimate_memory
 
 DATA = json.loads((Path(__file__).parents[1] / "data" / "memory_measured.json").read_text())
 # The estimate's stated accuracy: manifests size the limit at the estimate x 1.25 (plan.MEMORY_MARGIN).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from inferop.processing import Processing
+from inferop_core.processing import Processing
 
 
 class TestProcessing:

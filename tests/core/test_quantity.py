@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferop.quantity import format_bytes, parse_quantity
+from inferop_core.quantity import format_bytes, parse_quantity
 
 
 class TestParseQuantity:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from inferop import scheduling
+from inferop_core import scheduling
 
 REPORT_POLICY = "import os; print(os.sched_getscheduler(0))"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferop.threads import OversubscribedError, check_budget, plan_threads
+from inferop_core.threads import OversubscribedError, check_budget, plan_threads
 
 
 class TestPlanThreads:

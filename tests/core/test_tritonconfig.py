@@ -9,7 +9,7 @@ from google.protobuf import text_format
 from pydantic import ValidationError
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferop.tritonconfig import (
+from inferop_core.tritonconfig import (
     ONNX_PLATFORM,
     WEIGHTS_PARAMETER,
     ServingConfig,
@@ -221,7 +221,7 @@ class TestModelsUsersBring:
             ServingConfig(name="m", inputs=(TensorSpec(name="tokens", dims=(-1,)),), outputs=(VALUE,))
 
     def test_the_declared_processing_is_written_as_json(self) -> None:
-        from inferop.processing import PROCESSING_PARAMETER, Processing
+        from inferop_core.processing import PROCESSING_PARAMETER, Processing
 
         processing = Processing(kind="policyValue")
         cfg = ServingConfig(name="m", inputs=(BOARD,), outputs=(VALUE,), processing=processing)

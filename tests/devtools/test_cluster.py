@@ -310,7 +310,7 @@ def test_the_service_range_outgrows_a_slash_24(cluster: ControlPlane, api: clien
 def cli(*args: str, bin_dir: Path) -> subprocess.CompletedProcess[str]:
     """`inferop cluster ...` in a fresh interpreter, as a user runs it."""
     env = {**os.environ, "KUBEBUILDER_ASSETS": str(bin_dir)}
-    command = [sys.executable, "-m", "inferop.cli", "cluster", *args]
+    command = [sys.executable, "-m", "inferop_core.cli", "cluster", *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
 
 

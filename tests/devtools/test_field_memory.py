@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from inferop.memory import MiB, ModelCosts, RuntimeCosts, ServingShape, estimate_memory
+from inferop_core.memory import MiB, ModelCosts, RuntimeCosts, ServingShape, estimate_memory
 from inferop_devtools.field.memory import GOAL_ERROR, calibrate, summarise
 
 TRUE = RuntimeCosts(

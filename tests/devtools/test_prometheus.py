@@ -21,8 +21,8 @@ from inferop_devtools.prometheus import (
     find_binary,
     rule_file,
 )
-from tests.core.test_triton import infer, sample
 from tests.helpers import ExportedRepo, RunningServer, wait_for
+from tests.runtime.test_triton import infer, sample
 
 # The labels a PodMonitor's scrape would add, so alerts carry what they carry in a cluster.
 POD = {"namespace": "models", "pod": "conv-net-5f7c9d-x2kq4", "app_kubernetes_io_instance": "conv-net"}

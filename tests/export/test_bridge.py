@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferop import scheduling
+from inferop_core import scheduling
 from inferop_operator import builders
 from inferop_operator.identity import GROUP
 from inferop_operator.plan import plan_service

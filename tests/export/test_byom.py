@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import yaml
 
-from inferop.cli import main as inferop
-from inferop.tritonconfig import parse_model_config
+from inferop_core.cli import main as inferop
+from inferop_core.tritonconfig import parse_model_config
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
 from tests import user_models

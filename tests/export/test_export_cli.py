@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from inferop.tritonconfig import parse_model_config
+from inferop_core.tritonconfig import parse_model_config
 
 INFEROP = Path(sys.executable).with_name("inferop")
 TINY_FLAGS = ["--rows", "6", "--cols", "5", "--depth", "2", "--hidden", "8", "--moves", "5"]
@@ -71,8 +71,8 @@ class TestExportConvNet:
         self, exported: tuple[subprocess.CompletedProcess[str], Path], report: dict[str, Any]
     ) -> None:
         """No --max-queue-size: the bound in config.pbtxt is Little's law on the capacity export measured."""
-        from inferop.capacity import derive_queue_bound, pod_capacity
-        from inferop.threads import local_cpus, plan_threads
+        from inferop_core.capacity import derive_queue_bound, pod_capacity
+        from inferop_core.threads import local_cpus, plan_threads
 
         _, repo = exported
         rate = report["profile"]["samples_per_cpu_second"]
@@ -88,7 +88,7 @@ class TestExportConvNet:
         self, exported: tuple[subprocess.CompletedProcess[str], Path], report: dict[str, Any]
     ) -> None:
         """The conv net has no weights to load: its config and report say so, for `inferop infer` to repeat."""
-        from inferop.tritonconfig import WEIGHTS_PARAMETER
+        from inferop_core.tritonconfig import WEIGHTS_PARAMETER
         from inferop_export.cli import format_report
 
         _, repo = exported

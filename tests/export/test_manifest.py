@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from inferop.memory import CONTAINER_RUNTIME
-from inferop.processing import Processing
-from inferop.quantity import parse_quantity
-from inferop.tritonconfig import ServingConfig, parse_model_config, render_model_config
+from inferop_core.memory import CONTAINER_RUNTIME
+from inferop_core.processing import Processing
+from inferop_core.quantity import parse_quantity
+from inferop_core.tritonconfig import ServingConfig, parse_model_config, render_model_config
 from inferop_export.manifest import build_manifest, write_manifest
 from inferop_operator.identity import API_VERSION
 from inferop_operator.plan import MEMORY_MARGIN, plan_service

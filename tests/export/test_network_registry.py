@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch", reason="install the export distribution: make install")
 
-from inferop.cli import main as inferop
+from inferop_core.cli import main as inferop
 from inferop_export import networks
 from inferop_export.networks import ENTRY_POINT_GROUP, RegistryError, registered_networks
 

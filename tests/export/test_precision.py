@@ -13,9 +13,9 @@ import numpy as np
 import onnx
 import pytest
 
-from inferop.agreement import Gate, GateResult
-from inferop.cpu import cpu_int8_instructions, int8_verdict
-from inferop.tritonconfig import TensorSpec
+from inferop_core.agreement import Gate, GateResult
+from inferop_core.cpu import cpu_int8_instructions, int8_verdict
+from inferop_core.tritonconfig import TensorSpec
 from inferop_export.exporter import VerificationError, export_model
 from inferop_export.networks.conv_net import conv_net
 from inferop_export.precision import (
@@ -138,7 +138,7 @@ def test_int8_that_fails_the_gate_is_not_written_and_the_command_says_why(tmp_pa
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_the_command_reports_the_precision(precision: str, tmp_path: Path) -> None:
     sizes = [f"--{name}={value}" for name, value in TINY.items()]
-    argv = [sys.executable, "-m", "inferop.cli", "export", "conv_net", *sizes, "--repo", str(tmp_path), "--json"]
+    argv = [sys.executable, "-m", "inferop_core.cli", "export", "conv_net", *sizes, "--repo", str(tmp_path), "--json"]
     result = subprocess.run([*argv, "--precision", precision], capture_output=True, text=True, check=False)
     if precision == "fp32":
         assert result.returncode == 0, result.stderr

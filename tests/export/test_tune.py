@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from inferop.tritonconfig import (
+from inferop_core.tritonconfig import (
     ConfigNotRenderable,
     parse_model_config,
     read_serving_config,

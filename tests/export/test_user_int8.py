@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from inferop.cli import main as inferop
+from inferop_core.cli import main as inferop
 from tests.helpers import serving
 
 pytest.importorskip("torch", reason="install the export distribution: make install")

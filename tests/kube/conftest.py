@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from inferop_devtools.cluster.controlplane import (
     process_running,
 )
 from inferop_devtools.cluster.tools import kube_tools, wait_established
+from inferop_operator.settings import OperatorSettings
 from tests.kube.helpers import GATEWAY_API, RESYNC_SECONDS, Kubectl, OperatorRunner, install_crd, runs_pods
 
 # Figures a test measured on the way (e.g. how long a scale took), printed at the end of the run: a print would go
@@ -102,15 +102,7 @@ def kubectl(control_plane: ControlPlane, kubernetes: KubernetesRelease, kwok: Kw
 @pytest.fixture(scope="session")
 def operator(kubectl: Kubectl, control_plane: ControlPlane) -> Iterator[OperatorRunner]:
     os.environ["KUBECONFIG"] = str(control_plane.kubeconfig)
-    os.environ["INFEROP_RESYNC_SECONDS"] = str(RESYNC_SECONDS)  # read when the handlers are imported
-    handlers = sys.modules.get("inferop_operator.handlers")
-    if handlers is not None and handlers.SETTINGS.resync_seconds != RESYNC_SECONDS:
-        pytest.fail(
-            "inferop_operator.handlers was imported before this fixture set INFEROP_RESYNC_SECONDS: its timers run "
-            f"every {handlers.SETTINGS.resync_seconds:g} s, not {RESYNC_SECONDS} s. A test outside tests/kube must "
-            "not import the handlers module."
-        )
-    runner = OperatorRunner()
+    runner = OperatorRunner(OperatorSettings(resync_seconds=RESYNC_SECONDS))
     runner.start()
     yield runner
     runner.stop()

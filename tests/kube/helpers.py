@@ -16,6 +16,7 @@ from inferop.paths import repo_root
 from inferop_devtools.cluster.controlplane import KubernetesRelease
 from inferop_devtools.cluster.tools import wait_established
 from inferop_operator.identity import CRD_NAME
+from inferop_operator.settings import OperatorSettings
 from tests.helpers import wait_for
 
 REPO = repo_root()
@@ -90,7 +91,7 @@ def operator_process(kubeconfig: Path, log: Path, *args: str, **settings: str) -
         **{f"INFEROP_{name.upper()}": value for name, value in settings.items()},
     }
     with log.open("wb") as out:
-        argv = [sys.executable, "-m", "inferop.cli", "operator", *args]
+        argv = [sys.executable, "-m", "inferop_core.cli", "operator", *args]
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -114,18 +115,20 @@ def runs_pods(kubernetes: KubernetesRelease) -> bool:
 
 
 class OperatorRunner:
-    """The operator under kopf's test runner, watching all namespaces; restartable."""
+    """The operator under kopf's test runner, watching all namespaces with `settings`; restartable."""
 
-    ARGS = ("run", "--standalone", "--all-namespaces", "-m", "inferop_operator.handlers")
+    ARGS = ("run", "--standalone", "--all-namespaces")
 
-    def __init__(self) -> None:
-        from kopf.testing import KopfRunner
-
-        self._factory = lambda: KopfRunner(list(self.ARGS), timeout=60)
+    def __init__(self, settings: OperatorSettings) -> None:
+        self.settings = settings
         self.runner: Any = None
 
     def start(self) -> None:
-        self.runner = self._factory()
+        from kopf.testing import KopfRunner
+
+        from inferop_operator import handlers
+
+        self.runner = KopfRunner(list(self.ARGS), timeout=60, registry=handlers.registry(self.settings))
         self.runner.__enter__()
 
     def stop(self) -> None:

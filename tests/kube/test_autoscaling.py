@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import yaml
 
-from inferop.quantity import parse_quantity
+from inferop_core.quantity import parse_quantity
 from inferop_devtools.cluster.addons import Kwok, MetricsAdapter, PodTargets
 from inferop_devtools.cluster.controlplane import ControlPlane
 from inferop_devtools.prometheus import Prometheus, render_chart

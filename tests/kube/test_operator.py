@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from inferop.quantity import format_bytes
-from inferop.tritonconfig import parse_model_config
+from inferop_core.quantity import format_bytes
+from inferop_core.tritonconfig import parse_model_config
 from inferop_devtools.cluster.controlplane import KubernetesRelease
 from inferop_operator.identity import CONFIG_HASH_ANNOTATION, INSTANCE, label_selector
 from tests.helpers import wait_for
@@ -147,7 +147,7 @@ class TestRefusals:
     ) -> None:
         """What `inferop export onnx` writes for such a model passes the apiserver's schema and the operator, and
         the mounted config keeps both: max_batch_size 0 and an output dim of -1."""
-        from inferop.tritonconfig import parse_model_config
+        from inferop_core.tritonconfig import parse_model_config
 
         model = {
             "name": "own_model",

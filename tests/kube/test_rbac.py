@@ -123,7 +123,7 @@ def operator_process(installed: Installed, *scope: str) -> Iterator[subprocess.P
         "INFEROP_LOG_FORMAT": "plain",
         "PYTHONUNBUFFERED": "1",
     }
-    argv = [sys.executable, "-m", "inferop.cli", "operator", f"--liveness=http://127.0.0.1:{port}/healthz", *scope]
+    argv = [sys.executable, "-m", "inferop_core.cli", "operator", f"--liveness=http://127.0.0.1:{port}/healthz", *scope]
     with installed.log.open("wb") as log:
         process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

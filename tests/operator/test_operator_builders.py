@@ -17,7 +17,7 @@ import pytest
 import yaml
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferop.tritonconfig import parse_model_config
+from inferop_core.tritonconfig import parse_model_config
 from inferop_operator.builders import (
     CHILDREN,
     CONFIG_DIR,

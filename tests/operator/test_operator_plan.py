@@ -10,9 +10,9 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
-from inferop.memory import CONTAINER_RUNTIME, GPU_RUNTIME, RuntimeCosts
-from inferop.quantity import format_bytes, parse_quantity
-from inferop.tritonconfig import parse_model_config, render_model_config
+from inferop_core.memory import CONTAINER_RUNTIME, GPU_RUNTIME, RuntimeCosts
+from inferop_core.quantity import format_bytes, parse_quantity
+from inferop_core.tritonconfig import parse_model_config, render_model_config
 from inferop_operator.plan import Plan, Refusal, plan_service
 from inferop_operator.settings import OperatorSettings
 from inferop_operator.spec import parse_spec

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from inferop.agreement import Gate, GateResult
+from inferop_core.agreement import Gate, GateResult
 from inferop_operator.rollout import (
     DRAIN_SECONDS,
     AnalysisStatus,

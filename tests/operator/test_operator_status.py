@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from inferop.memory import CONTAINER_RUNTIME
-from inferop.quantity import format_bytes
+from inferop_core.memory import CONTAINER_RUNTIME
+from inferop_core.quantity import format_bytes
 from inferop_operator.builders import Service, build_deployment
 from inferop_operator.diagnosis import pod_facts
 from inferop_operator.kubeapi import ApiFailure

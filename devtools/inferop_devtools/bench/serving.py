@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from inferop.cpu import cpu_int8_instructions
 from inferop.paths import repo_root
-from inferop.threads import local_cpus
+from inferop_core.cpu import cpu_int8_instructions
+from inferop_core.threads import local_cpus
 from inferop_devtools.bench.targets import Target
 
 REPO = repo_root() / "model_repo"
@@ -58,9 +58,9 @@ def serving_bench(seconds: float) -> dict[str, Any]:
     """Triton, ONNX Runtime in-process and the fp32 ceiling, measured in alternating rounds and compared as
     medians: this machine's speed drifts by a fifth within minutes, more than separate measurements could tell."""
     from inferop import bench
-    from inferop.cli import main as inferop
     from inferop.serving.tritonserver import TritonServer, free_port
-    from inferop.tritonconfig import parse_model_config
+    from inferop_core.cli import main as inferop
+    from inferop_core.tritonconfig import parse_model_config
     from inferop_export.profile import profile_onnx
 
     cpus = local_cpus()
@@ -159,7 +159,7 @@ def int8_bench(model_dir: Path, batch: int, seconds: float) -> dict[str, Any]:
     import onnx
 
     from inferop.serving.localrepo import write_model_repo
-    from inferop.tritonconfig import parse_model_config, read_serving_config
+    from inferop_core.tritonconfig import parse_model_config, read_serving_config
     from inferop_export.networks.inception_v3 import inception_v3
     from inferop_export.precision import precision_inputs, quantize_int8, run_gate
     from inferop_export.signature import read_signature

@@ -26,7 +26,7 @@ def tune_bench() -> dict[str, Any]:
     """The climb and the exhaustive sweep of one grid, with one budget, on the default conv net; then both winners
     measured again in alternation, because the best of 72 noisy measurements is biased upwards against the best of
     a few (repeated trials of one config differ by up to 8% here)."""
-    from inferop.tritonconfig import parse_model_config, read_serving_config
+    from inferop_core.tritonconfig import parse_model_config, read_serving_config
     from inferop_export.exporter import export_model
     from inferop_export.networks.conv_net import conv_net
     from inferop_export.tune import Grid, Search, TritonTrials, TuneError, require_best, thread_layouts

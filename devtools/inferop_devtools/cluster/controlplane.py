@@ -36,8 +36,8 @@ from typing import Any
 
 import yaml
 
-from inferop.errors import InferopError
 from inferop.paths import cache_dir, log_tail, repo_root
+from inferop_core.errors import InferopError
 
 log = logging.getLogger(__name__)
 

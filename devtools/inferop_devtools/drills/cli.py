@@ -30,7 +30,7 @@ OUT = ROOT / "out" / "drills"
 def hostile(root: Path, quick: bool) -> dict[str, Any]:
     """The same hostile requests straight to tritonserver, then through an nginx ingress with the defences Triton
     lacks (Debian's nginx, unpacked into the cache by scripts/nginx.sh)."""
-    from inferop.cli import main as inferop
+    from inferop_core.cli import main as inferop
     from inferop_devtools.drills.hostile import NginxFront, run_hostile_drill
 
     repo = ROOT / "model_repo"

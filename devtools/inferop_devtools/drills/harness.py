@@ -154,7 +154,7 @@ class OperatorProcess:
         env = {**self.cluster.env, "INFEROP_RESYNC_SECONDS": str(self.resync_seconds), **self.extra_env}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "inferop.cli", "operator", "--all-namespaces", f"--liveness={liveness}"],
+                [sys.executable, "-m", "inferop_core.cli", "operator", "--all-namespaces", f"--liveness={liveness}"],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -41,8 +41,8 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from inferop.limits import PodLimits, cgroup_unavailable_reason
-from inferop.quantity import format_bytes
 from inferop.serving.tritonserver import TritonServer, free_port, http_status
+from inferop_core.quantity import format_bytes
 
 GOAL_SECONDS = 1.0  # a hostile request is answered (4xx) or its connection closed within this
 GOODPUT_GOAL = 0.9  # valid traffic during the hostile cases keeps this share of its goodput alone

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from inferop.limits import cgroup_unavailable_reason
-from inferop.threads import local_cpus
+from inferop_core.threads import local_cpus
 from inferop_devtools.choices import add_subset_option
 from inferop_devtools.field.hang import drill_hang
 from inferop_devtools.field.memory import calibrate, drill_memory, measured_points

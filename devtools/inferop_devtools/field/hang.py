@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from inferop.openloop import OpenLoopResult, Outcome, run_open_loop
-from inferop.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
-from inferop.tritonconfig import ServingConfig
+from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
+from inferop_core.tritonconfig import ServingConfig
 from inferop_devtools.field.kubelet import LivenessProber
 from inferop_devtools.field.pods import (
     NAIVE_SCHEDULING,

@@ -1,7 +1,7 @@
 """Drill c, field reports 001 and 003: the memory model against the kernel's measured peak, on models it was
 fitted to and on models it has never seen, and the OOM kill it prevents, one change at a time.
 
-The constants in `inferop.memory.LOCAL_RUNTIME` were fitted on the fit set (both built-in networks x instances
+The constants in `inferop_core.memory.LOCAL_RUNTIME` were fitted on the fit set (both built-in networks x instances
 1, 2 x maxBatchSize 1, 8, 32). The held-out set is what the fit never saw: a model with two inputs (the example
 ranker, FP32 and INT64), a user's ONNX file whose activations dwarf its weights, and batches four and eight times
 wider than the widest fitted. Every point is served at the queue bound the operator derives and measured idle and
@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from inferop.memory import LOCAL_RUNTIME, ModelCosts, RuntimeCosts, ServingShape, estimate_memory
-from inferop.quantity import format_bytes
-from inferop.scheduling import DEFAULT_CPU_SCHEDULING
 from inferop.serving.tritonserver import ServerError, TritonServer
-from inferop.tritonconfig import ServingConfig
+from inferop_core.memory import LOCAL_RUNTIME, ModelCosts, RuntimeCosts, ServingShape, estimate_memory
+from inferop_core.quantity import format_bytes
+from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING
+from inferop_core.tritonconfig import ServingConfig
 from inferop_devtools.field.pods import NETWORKS, Machine, MiB, open_loop, planned, pod, pod_spec, wait_out
 from inferop_operator.plan import Refusal, model_costs, plan_service
 from inferop_operator.spec import InferenceServiceSpec, parse_spec

@@ -1,6 +1,6 @@
 """Drill b, field report 001: Inception V3 at 2x and 4x its capacity, naive against inferop, at two CPU quotas.
 
-The queue bound is derived from the pod's capacity (inferop.capacity): its share of export's figure was fitted on
+The queue bound is derived from the pod's capacity (inferop_core.capacity): its share of export's figure was fitted on
 one CPU. The drill repeats at half a CPU, a slower machine emulated with the kernel's own CFS quota, where nothing
 was fitted. At each quota: the callers the pod answers within half the timeout are admitted (closed-loop callers,
 at most 2% of their calls rejected), and open-loop overload beyond them meets the drill's goals, with the
@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferop.capacity import SERVED_SHARE_OF_CAPACITY, WAIT_SHARE_OF_TIMEOUT, gateway_admission
 from inferop.limits import CFS_PERIOD_US, PodLimits
-from inferop.memory import LOCAL_RUNTIME
 from inferop.openloop import OpenLoopResult
 from inferop.openloop import plot as plot_open_loop
-from inferop.quantity import format_bytes, parse_quantity
-from inferop.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
 from inferop.serving.tritonserver import TritonServer
-from inferop.tritonconfig import ServingConfig
+from inferop_core.capacity import SERVED_SHARE_OF_CAPACITY, WAIT_SHARE_OF_TIMEOUT, gateway_admission
+from inferop_core.memory import LOCAL_RUNTIME
+from inferop_core.quantity import format_bytes, parse_quantity
+from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
+from inferop_core.tritonconfig import ServingConfig
 from inferop_devtools.field.kubelet import LivenessProber
 from inferop_devtools.field.pods import (
     NAIVE_SCHEDULING,

@@ -20,15 +20,15 @@ import numpy as np
 import yaml
 
 from inferop import bench
-from inferop.cli import main as inferop
 from inferop.limits import PodLimits
-from inferop.memory import LOCAL_RUNTIME
 from inferop.openloop import OpenLoopResult, generator_process, run_open_loop
 from inferop.paths import repo_root
-from inferop.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
 from inferop.serving.localrepo import write_model_repo
 from inferop.serving.tritonserver import TritonServer, free_port
-from inferop.tritonconfig import ServingConfig
+from inferop_core.cli import main as inferop
+from inferop_core.memory import LOCAL_RUNTIME
+from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
+from inferop_core.tritonconfig import ServingConfig
 from inferop_operator import builders
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec

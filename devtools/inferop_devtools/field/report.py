@@ -6,7 +6,7 @@ import os
 import time
 from typing import Any
 
-from inferop.quantity import format_bytes
+from inferop_core.quantity import format_bytes
 from inferop_devtools.field.pods import OUT, MiB, verdict
 from inferop_devtools.field.threads import LOADS, POLICIES
 
@@ -153,9 +153,9 @@ def overload_section(drill: dict[str, Any]) -> list[str]:
 def memory_section(drill: dict[str, Any]) -> list[str]:
     lines = ["", "## c. memory (field reports 001, 003)", ""]
     lines.append(
-        "Estimates from the constants in inferop/memory.py (LOCAL_RUNTIME), fitted on the first table's models; the "
-        "second table is held out (shapes and batches the fit never saw). Each point served at the derived queue "
-        "bound, measured idle and saturated. `refit`: the constants fitted again on this run's fit set."
+        "Estimates from the constants in core/inferop_core/memory.py (LOCAL_RUNTIME), fitted on the first table's "
+        "models; the second table is held out (shapes and batches the fit never saw). Each point served at the derived "
+        "queue bound, measured idle and saturated. `refit`: the constants fitted again on this run's fit set."
     )
     for key, title in (("fitted", "Fit set"), ("held_out", "Held out")):
         lines += [

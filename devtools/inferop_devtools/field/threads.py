@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from inferop.memory import LOCAL_RUNTIME
-from inferop.scheduling import CpuScheduling
+from inferop_core.memory import LOCAL_RUNTIME
+from inferop_core.scheduling import CpuScheduling
 from inferop_devtools.field.pods import Machine, closed_loop, describe, naive, planned, pod, pod_spec
 from inferop_operator.plan import Refusal, plan_service
 from inferop_operator.spec import parse_spec

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from inferop.errors import InferopError
+from inferop_core.errors import InferopError
 
 # <sched.h>: unshare(2)'s flag for a new network namespace.
 CLONE_NEWNET = 0x40000000

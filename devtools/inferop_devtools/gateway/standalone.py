@@ -4,7 +4,7 @@ The field drills run pods as local processes, without a control plane, so Envoy 
 there. This Envoy (the binary Envoy Gateway runs, from scripts/gateway.sh) gets, in a static bootstrap, the circuit
 breaker Envoy Gateway renders from the policy's `circuitBreaker` (maxParallelRequests, maxPendingRequests and
 maxConnections to the cluster's max_requests, max_pending_requests and max_connections), with the figure from the
-same `inferop.capacity.gateway_admission`. Its count of refused requests comes from its admin API.
+same `inferop_core.capacity.gateway_admission`. Its count of refused requests comes from its admin API.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ from typing import Any
 import yaml
 
 from inferop.limits import PodLimits
-from inferop.quantity import parse_quantity
 from inferop.serving.tritonserver import ServerError, TritonServer
+from inferop_core.quantity import parse_quantity
 from inferop_devtools.cluster.addons import KWOK_DIR, KWOK_STAGES
 from inferop_operator.builders import CONFIG_KEY, HTTP_PORT, METRICS_PORT
 from inferop_operator.identity import COMPONENT, INSTANCE, MANAGED, label_selector

@@ -15,7 +15,7 @@ import json
 import time
 from typing import Any
 
-from inferop.scheduling import DEFAULT_CPU_SCHEDULING
+from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING
 from inferop_devtools.field.overload import NETWORK, WINDOW_SECONDS, overloaded, quota_pod
 from inferop_devtools.field.pods import Machine, closed_loop, pod
 

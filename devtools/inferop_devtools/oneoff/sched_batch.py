@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from inferop.limits import PodLimits
-from inferop.scheduling import CpuScheduling
+from inferop_core.scheduling import CpuScheduling
 from inferop_devtools.field.pods import Machine, closed_loop, open_loop, planned, pod, pod_spec
 
 POLICIES: tuple[CpuScheduling, ...] = ("normal", "batch")

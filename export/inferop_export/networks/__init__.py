@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
-from inferop.errors import InferopError
+from inferop_core.errors import InferopError
 from inferop_export.sources import TorchModule
 
 ENTRY_POINT_GROUP = "inferop.networks"

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from inferop.agreement import Gate
-from inferop.processing import Processing
-from inferop.tritonconfig import TensorSpec, random_weights
+from inferop_core.agreement import Gate
+from inferop_core.processing import Processing
+from inferop_core.tritonconfig import TensorSpec, random_weights
 from inferop_export.networks import NetworkContract
 from inferop_export.sources import SourceError, TorchModule, file_weights
 

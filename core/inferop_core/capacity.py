@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from inferop.threads import ThreadPlan
+from inferop_core.threads import ThreadPlan
 
 # Share of the request timeout an admitted request may spend queued, at the rate a pod keeps under overload.
 WAIT_SHARE_OF_TIMEOUT = 0.5

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from inferop.quantity import format_bytes, parse_quantity
 from inferop.serving.gpu import local_gpu, process_group_device_memory
+from inferop_core.quantity import format_bytes, parse_quantity
 from tests.helpers import NO_GPU, SERVING, TINY
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not local_gpu(), reason=NO_GPU)]
@@ -54,7 +54,7 @@ def gpu_server(gpu_repo: GpuRepo) -> Iterator[Any]:
 
 @pytest.mark.parametrize("model", ["conv_net", "inception_v3"])
 def test_the_config_runs_each_instance_on_the_gpu_under_its_share(gpu_repo: GpuRepo, model: str) -> None:
-    from inferop.memory import GPU_RUNTIME
+    from inferop_core.memory import GPU_RUNTIME
 
     serving = gpu_repo.reports[model].serving
     config = (gpu_repo.path / model / "config.pbtxt").read_text()

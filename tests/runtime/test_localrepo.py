@@ -17,7 +17,7 @@ from inferop.serving.localrepo import (
     prepare_local_repo,
     to_python_backend,
 )
-from inferop.tritonconfig import (
+from inferop_core.tritonconfig import (
     ServingConfig,
     TensorSpec,
     build_model_config,

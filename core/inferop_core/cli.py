@@ -1,7 +1,7 @@
 """The `inferop` command line.
 
 Each installed distribution registers its subcommands in the entry-point group `inferop.commands` (see
-`inferop.commands`). Only the chosen command's module is imported, so `inferop operator` never pays for torch
+`inferop_core.commands`). Only the chosen command's module is imported, so `inferop operator` never pays for torch
 and `inferop --help` stays instant.
 """
 
@@ -11,8 +11,8 @@ import argparse
 import importlib
 import sys
 
-from inferop.commands import PROVIDERS, Command, CommandNotInstalled, installed, missing
-from inferop.errors import InferopError
+from inferop_core.commands import PROVIDERS, Command, CommandNotInstalled, installed, missing
+from inferop_core.errors import InferopError
 
 
 def build_parser(argv: list[str], commands: dict[str, Command] | None = None) -> argparse.ArgumentParser:

@@ -21,8 +21,8 @@ from inferop.client import (
     softmax,
     weights_note,
 )
-from inferop.processing import Processing
-from inferop.tritonconfig import ServingConfig, TensorSpec, build_model_config, random_weights
+from inferop_core.processing import Processing
+from inferop_core.tritonconfig import ServingConfig, TensorSpec, build_model_config, random_weights
 
 # What Inception declares: torchvision's ImageNet preprocessing.
 IMAGENET = Processing(

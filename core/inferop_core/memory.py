@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferop.quantity import format_bytes
+from inferop_core.quantity import format_bytes
 
 MiB = 2**20
 

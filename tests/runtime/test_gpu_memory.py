@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inferop.memory import GPU_RUNTIME, ModelCosts, ServingShape, estimate_memory
 from inferop.serving.gpu import local_gpu
+from inferop_core.memory import GPU_RUNTIME, ModelCosts, ServingShape, estimate_memory
 from tests.helpers import NO_GPU, ExportedRepo
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not local_gpu(), reason=NO_GPU)]

@@ -11,7 +11,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from inferop.errors import InferopError
+from inferop_core.errors import InferopError
 
 
 class OversubscribedError(InferopError, ValueError):

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Literal
 from google.protobuf import text_format
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from inferop.errors import InferopError
-from inferop.processing import PROCESSING_PARAMETER, Processing
+from inferop_core.errors import InferopError
+from inferop_core.processing import PROCESSING_PARAMETER, Processing
 
 
 def load_model_config_protobuf() -> ModuleType:

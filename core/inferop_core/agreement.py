@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from inferop.errors import InferopError
-from inferop.processing import Processing
-from inferop.tritonconfig import TensorSpec
+from inferop_core.errors import InferopError
+from inferop_core.processing import Processing
+from inferop_core.tritonconfig import TensorSpec
 
 # Triton's datatypes as numpy's (BF16 has none).
 NUMPY_TYPES: dict[str, Any] = {

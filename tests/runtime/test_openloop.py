@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferop.cli import main
 from inferop.openloop import (
     LATE_WARNING_MS,
     QUEUE_FULL,
@@ -27,6 +26,7 @@ from inferop.openloop import (
     run_open_loop,
     summarise,
 )
+from inferop_core.cli import main
 from tests.helpers import SERVING, ExportedRepo, RunningServer, wait_for
 
 
