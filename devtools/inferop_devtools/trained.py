@@ -61,6 +61,25 @@ def train(seed: int = 0, count: int = 6000, epochs: int = 4) -> nn.Module:
     return module.eval()
 
 
+# A layer int8 cannot hold, by where it sits: the channel made dead, and the next layer whose weights from it grow.
+DAMAGE = {"conv": ("0", "3"), "linear": ("3", "6")}
+OUTLIER = 1000.0
+
+
+def damaged(weights: Path, target: Path, layer: str) -> Path:
+    """The trained weights with one `layer` (DAMAGE) that int8 cannot hold, as trained networks' first and last
+    layers often cannot: one channel of the layer before made dead (zero weights, bias -1: its ReLU answers 0), and
+    the layer's weights from that channel set to OUTLIER. fp32 answers as without the channel; int8's per-channel
+    weight scale becomes OUTLIER / 63, and the layer's other weights round to 0."""
+    dead, grown = DAMAGE[layer]
+    state = torch.load(weights)
+    state[f"{dead}.weight"][0] = 0.0
+    state[f"{dead}.bias"][0] = -1.0
+    state[f"{grown}.weight"][:, 0] = OUTLIER
+    torch.save(state, target)
+    return target
+
+
 @dataclass(frozen=True)
 class Task:
     weights: Path  # the trained state dict, for `--weights`

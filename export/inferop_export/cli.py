@@ -129,6 +129,13 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="set the accuracy gate; repeat per key: " + "; ".join(f"{k}: {v}" for k, v in GATE_KEYS.items()),
     )
+    parser.add_argument(
+        "--no-fallback",
+        dest="fallback",
+        action="store_false",
+        help="int8 with every compute node quantized or nothing; by default, where that fails the gate, the first and "
+        "last compute nodes, then those that add the most quantization noise, are tried in fp32 (at most half)",
+    )
     parser.add_argument("--manifest", type=Path, help="also write a ready-to-apply InferenceService to this file")
     parser.add_argument(
         "--storage-uri",
@@ -200,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
             precision=args.precision,
             gpu_memory=args.gpu_memory,
             data=UserData(args.calibration, args.validation, tuple(args.gate)),
+            fallback=args.fallback,
         )
     except VerificationError as error:
         print(f"verification failed: {error}", file=sys.stderr)
@@ -235,6 +243,8 @@ def format_report(report: dict[str, Any]) -> str:
         )
     if report["gate"]:
         lines.append(f"  precision {report['gate']['summary']}")
+    if report["fp32Nodes"]:
+        lines.append(f"  left in fp32: {', '.join(report['fp32Nodes'])} ({report['attempts'][-1]['why']})")
     if report["speedVerdict"]:
         lines.append(f"  speed: {report['speedVerdict']} (ONNX Runtime, one thread, both measured here)")
     tensors = (

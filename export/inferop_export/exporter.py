@@ -29,7 +29,7 @@ from inferop_core.errors import InferopError
 from inferop_core.quantity import parse_quantity
 from inferop_core.threads import local_cpus
 from inferop_core.tritonconfig import DYNAMIC_DIM, MODEL_FILENAME, ServingConfig, render_model_config
-from inferop_export.precision import UserData, check_precision, precision_inputs, quantize_int8, run_gate
+from inferop_export.precision import Attempt, UserData, check_precision, int8_with_fallback, precision_inputs
 from inferop_export.profile import ModelProfile, profile_onnx
 from inferop_export.signature import Signature, read_signature
 from inferop_export.sources import Inputs, OnnxFile, TorchModule
@@ -62,6 +62,7 @@ class ExportReport:
     spec: InferenceServiceSpec  # what was planned for this machine; manifests start from it
     precision: str = "fp32"
     gate: GateResult | None = None  # how a reduced precision kept fp32's answers; None for fp32
+    attempts: list[Attempt] = field(default_factory=list)  # int8's quantizations behind the gate, the served last
     # A reduced precision's capacity over fp32's, both measured here, and what that means on this CPU
     speedup: float | None = None
     speed_verdict: str | None = None
@@ -81,6 +82,8 @@ class ExportReport:
             "serving": self.serving.model_dump(mode="json"),
             "precision": self.precision,
             "gate": self.gate.as_dict() if self.gate else None,
+            "fp32Nodes": list(self.attempts[-1].fp32_nodes) if self.attempts else [],
+            "attempts": [attempt.as_dict() for attempt in self.attempts],
             "speedup": self.speedup,
             "speedVerdict": self.speed_verdict,
             "notes": self.notes,
@@ -106,6 +109,11 @@ class Progress:
         if not self.quiet:
             print(f"[{self.index}/{self.total}] {label}: {self.seconds[label]:.1f}s", file=sys.stderr, flush=True)
 
+    def say(self, line: str) -> None:
+        """A line within the current step."""
+        if not self.quiet:
+            print(f"      {line}", file=sys.stderr, flush=True)
+
 
 def export_model(
     source: Source,
@@ -117,14 +125,15 @@ def export_model(
     precision: str = "fp32",
     gpu_memory: str | None = None,
     data: UserData | None = None,
+    fallback: bool = True,
 ) -> ExportReport:
     """Export, verify and write the Triton model directory; raise VerificationError if a check fails.
 
     The config is what the operator would render for `serving` on a pod with this machine's CPUs: threads
     derived from them unless set, the queue bound from the capacity measured here unless set. A reduced
     `precision` is made from the verified fp32 file, calibrated and gated on the user's `data` (a built-in network
-    may use its own inputs), and served only if it passes the gate. `gpu_memory` serves it on one GPU with that
-    much device memory."""
+    may use its own inputs), and served only if it passes the gate, with compute nodes left in fp32 where that makes
+    it pass unless `fallback` is False. `gpu_memory` serves it on one GPU with that much device memory."""
     check_precision(precision, source.gate, source.name, data)
     if gpu_memory is not None:
         parse_quantity(gpu_memory, "--gpu-memory (gpu.memory)")  # before anything is written
@@ -134,7 +143,7 @@ def export_model(
     reduced = precision != "fp32"
     if not reduced:
         model_path.parent.mkdir(parents=True, exist_ok=True)
-    progress = Progress(total=9 if reduced else 6, quiet=quiet)
+    progress = Progress(total=8 if reduced else 6, quiet=quiet)
     with tempfile.TemporaryDirectory(prefix="inferop-export-") as work:
         # A reduced precision starts from fp32 beside the repository: nothing is written there unless it passes.
         fp32_path = Path(work) / MODEL_FILENAME if reduced else model_path
@@ -167,29 +176,37 @@ def export_model(
             )
         if not parity:
             notes.append(f"outputs not compared: {against}")
-        gate, fp32_rate = None, None
+        gate, fp32_rate, attempts, all_int8_rate = None, None, [], None
         if reduced:
             calibration, validation, stated = precision_inputs(source, signature, data, seed + 3)
-            int8_path = Path(work) / f"{precision}.onnx"
-            with progress.step(f"{precision}: static quantization, calibrated on {calibration.origin}"):
-                quantize_int8(fp32_path, int8_path, calibration, signature)
-            with progress.step(f"{precision}: accuracy gate against fp32 on {validation.origin}"):
-                gate = run_gate(precision, fp32_path, int8_path, validation, signature, stated)
+            with progress.step(
+                f"{precision}: static quantization calibrated on {calibration.origin}, gated against fp32 on "
+                f"{validation.origin}"
+            ):
+                attempts = int8_with_fallback(
+                    fp32_path, Path(work), calibration, validation, signature, stated, fallback, progress.say
+                )
+            gate = attempts[-1].gate
             if not gate.passed:
+                first = attempts[0].gate
+                tried = "".join(f"; with the {a.why}: {'; '.join(a.gate.failures)}" for a in attempts[1:])
                 raise VerificationError(
-                    f"{source.name}: {precision} fails its accuracy gate ({'; '.join(gate.failures)}); "
-                    f"{gate.describe()}. Nothing was written: export it as fp32"
+                    f"{source.name}: {precision} fails its accuracy gate ({'; '.join(first.failures)}); "
+                    f"{first.describe()}{tried}. Nothing was written: export it as fp32"
                 )
             with progress.step(f"fp32 capacity, to compare {precision} with (one thread, batch {batch})"):
                 fp32_rate = measure_capacity(source, fp32_path, signature, batch, seed)
+                if len(attempts) > 1:  # what the nodes left in fp32 cost, against every node in int8
+                    all_int8_rate = measure_capacity(source, attempts[0].path, signature, batch, seed)
             model_path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(int8_path, model_path)
+            shutil.copyfile(attempts[-1].path, model_path)
             model = onnx.load(str(model_path))
     with progress.step("profile"):
         profile = profile_onnx(model, parameters=source.parameters, input_shapes=_profile_shapes(signature))
     with progress.step(f"capacity: ONNX Runtime, one thread, batch {batch}"):
         rate = measure_capacity(source, model_path, signature, batch, seed)
     speedup = round(rate / fp32_rate, 2) if fp32_rate else None
+    notes += fallback_notes(attempts, rate, all_int8_rate)
     # An output whose size varies has no bytes in its dims: the memory estimate takes what was measured.
     measured_io = comparison.io_bytes_per_sample if any(t.dynamic for t in signature.outputs) else None
     profile = dataclasses.replace(profile, samples_per_cpu_second=rate, io_bytes_per_sample=measured_io)
@@ -236,12 +253,25 @@ def export_model(
         spec=spec,
         precision=precision,
         gate=gate,
+        attempts=attempts,
         speedup=speedup,
         speed_verdict=None if speedup is None else int8_verdict(speedup, cpu_int8_instructions()),
         notes=notes,
         seconds=progress.seconds,
     )
     return report
+
+
+def fallback_notes(attempts: list[Attempt], rate: float, all_int8_rate: float | None) -> list[str]:
+    """What leaving nodes in fp32 made pass, and what it cost against every node in int8 (both measured here)."""
+    if len(attempts) < 2:
+        return []
+    served = attempts[-1]
+    cost = f"; capacity {rate / all_int8_rate:.2f}x that of every node in int8" if all_int8_rate else ""
+    return [
+        f"int8 failed its gate with every compute node int8 ({'; '.join(attempts[0].gate.failures)}) and passes "
+        f"with the {served.why}: {', '.join(served.fp32_nodes)}{cost}"
+    ]
 
 
 def onnxruntime_session(path: Path, model: onnx.ModelProto) -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -38,6 +39,16 @@ PRECISIONS = ("fp32", "int8")
 CALIBRATION_SAMPLES = 64
 GATE_SAMPLES = 1000
 GATE_BATCH = 50
+# The nodes int8 computes; the rest carry int8 tensors through or run in float.
+QUANTIZED_OPS = frozenset({"Conv", "Gemm", "MatMul"})
+# Validation samples that each node's added quantization noise is measured on, to choose which to leave in fp32.
+SENSITIVITY_SAMPLES = 100
+# How ONNX Runtime's QDQ quantizer names a tensor's quantized-dequantized copy, and how many single-consumer nodes
+# (a ReLU it folds into the quantization) are followed to find a node's output in the int8 model.
+DEQUANTIZED = "_DequantizeLinear_Output"
+FOLLOWED_NODES = 2
+# Quantizations tried after every compute node in int8 fails its gate, each with more nodes left in fp32.
+MAX_FALLBACKS = 4
 # Outputs that are not judged by their top-1 class, where neither the network nor --gate says: each sample's output
 # keeps at least this cosine similarity to fp32's. A scale-free measure of a whole output; a largest difference is
 # set by the rare input beyond the calibrated range (24% of a trained classifier's largest logit, where the least
@@ -302,22 +313,11 @@ def _depthwise_channels(pool: onnx.NodeProto, shapes: dict[str, onnx.TensorShape
     return int(shape.dim[1].dim_value) if exact and shape is not None else None
 
 
-def quantize_int8(
-    fp32: Path, target: Path, calibration: Samples, signature: Signature, pools_as_convs: bool = True
-) -> None:
-    """`target`: `fp32` statically quantized to int8 (QDQ, per-channel weights), its activation ranges calibrated
-    on `calibration`; average pools rewritten as depthwise convolutions first, unless `pools_as_convs` is False (to
-    measure what the rewrite is worth).
-
-    Weights take 7 bits of the 8 (`reduce_range`): on a CPU without VNNI, ONNX Runtime multiplies uint8 by int8 with
-    an instruction (VPMADDUBSW) whose sums of pairs saturate at 16 bits (255 x 127 x 2 does not fit; 255 x 63 x 2
-    does), so a full-range model would answer differently there than where its gate ran. A trained classifier lost
-    nothing measurable: agreement 99.5% against 99.4%, accuracy 95.7% against 95.8% with 8-bit weights."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+@contextmanager
+def prepared_for_int8(fp32: Path, pools_as_convs: bool = True) -> Iterator[Path]:
+    """`fp32` as ONNX Runtime's quantizer wants it (shapes inferred, foldable nodes folded), average pools rewritten
+    as depthwise convolutions unless `pools_as_convs` is False (to measure what the rewrite is worth)."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    class Reader(CalibrationInputs, CalibrationDataReader):
-        pass
 
     with tempfile.TemporaryDirectory(prefix="inferop-quantize-") as work:
         prepared = Path(work) / "prepared.onnx"
@@ -325,16 +325,185 @@ def quantize_int8(
         model = onnx.load(str(prepared))
         if pools_as_convs and average_pools_as_depthwise_convs(model):
             onnx.save_model(model, str(prepared))
-        quantize_static(
-            str(prepared),
-            str(target),
-            Reader(calibration, signature),
-            quant_format=QuantFormat.QDQ,
-            per_channel=True,
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            reduce_range=True,
-        )
+        yield prepared
+
+
+def quantize_int8(
+    fp32: Path,
+    target: Path,
+    calibration: Samples,
+    signature: Signature,
+    pools_as_convs: bool = True,
+    fp32_nodes: Sequence[str] = (),
+) -> None:
+    """`target`: `fp32` statically quantized to int8 (QDQ, per-channel weights), its activation ranges calibrated
+    on `calibration`, but for the compute nodes named in `fp32_nodes`, which stay fp32 (see `prepared_for_int8`)."""
+    with prepared_for_int8(fp32, pools_as_convs) as prepared:
+        quantize_prepared(prepared, target, calibration, signature, fp32_nodes)
+
+
+def quantize_prepared(
+    prepared: Path, target: Path, calibration: Samples, signature: Signature, fp32_nodes: Sequence[str] = ()
+) -> None:
+    """Static quantization of a model `prepared_for_int8`, the compute nodes in `fp32_nodes` left in fp32.
+
+    Weights take 7 bits of the 8 (`reduce_range`): on a CPU without VNNI, ONNX Runtime multiplies uint8 by int8 with
+    an instruction (VPMADDUBSW) whose sums of pairs saturate at 16 bits (255 x 127 x 2 does not fit; 255 x 63 x 2
+    does), so a full-range model would answer differently there than where its gate ran. A trained classifier lost
+    nothing measurable: agreement 99.5% against 99.4%, accuracy 95.7% against 95.8% with 8-bit weights."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationInputs, CalibrationDataReader):
+        pass
+
+    quantize_static(
+        str(prepared),
+        str(target),
+        Reader(calibration, signature),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        reduce_range=True,
+        nodes_to_exclude=list(fp32_nodes),
+    )
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One quantization behind the gate: the compute nodes it left in fp32, why those, and how it kept fp32's
+    answers."""
+
+    fp32_nodes: tuple[str, ...]
+    why: str
+    gate: GateResult
+    path: Path
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"fp32Nodes": list(self.fp32_nodes), "why": self.why, "passed": self.gate.passed,
+                "summary": self.gate.describe()}  # fmt: skip
+
+
+def int8_with_fallback(
+    fp32: Path,
+    work: Path,
+    calibration: Samples,
+    validation: Samples,
+    signature: Signature,
+    gate: Gate,
+    fallback: bool = True,
+    say: Callable[[str], None] = lambda _: None,
+) -> list[Attempt]:
+    """int8 with every compute node quantized; then, while the gate fails and `fallback` allows, the standard
+    remedies, at most MAX_FALLBACKS more quantizations and never more than half the compute nodes (rounded up) in
+    fp32: the nodes that add the most quantization noise (`sensitive_nodes`), measured again on each failed attempt
+    and doubled in number each time, and last the first and last compute nodes. The attempts in order; the last
+    passed if any did."""
+    attempts: list[Attempt] = []
+    with prepared_for_int8(fp32) as prepared:
+        nodes = compute_nodes(onnx.load(str(prepared)))
+        limit = math.ceil(len(nodes) / 2)
+
+        def attempt(keep: Sequence[str], why: str) -> bool:
+            path = work / f"int8-{len(attempts)}.onnx"
+            quantize_prepared(prepared, path, calibration, signature, keep)
+            result = run_gate("int8", fp32, path, validation, signature, gate)
+            attempts.append(Attempt(tuple(keep), why, result, path))
+            say(f"{why}: {'passes' if result.passed else 'fails'} ({result.describe()})")
+            return result.passed
+
+        if attempt((), "every compute node int8") or not fallback:
+            return attempts
+        keep: list[str] = []
+        while len(attempts) < MAX_FALLBACKS and len(keep) < limit:  # the last one kept for the first and last
+            ranked = sensitive_nodes(prepared, attempts[-1].path, validation, signature, nodes)
+            keep += [name for name in ranked if name not in keep][: min(max(1, len(keep)), limit - len(keep))]
+            if attempt(keep, f"{len(keep)} compute node(s) adding the most quantization noise in fp32"):
+                return attempts
+        ends = (nodes[0], nodes[-1])
+        if 2 <= limit < len(nodes) and set(ends) - set(keep):
+            attempt(ends, "first and last compute nodes in fp32")
+    return attempts
+
+
+def compute_nodes(model: onnx.ModelProto) -> list[str]:
+    """The nodes int8 computes (convolutions and matrix products), named, in graph order."""
+    return [node.name for node in model.graph.node if node.op_type in QUANTIZED_OPS and node.name]
+
+
+def sensitive_nodes(
+    prepared: Path, quantized: Path, validation: Samples, signature: Signature, nodes: Sequence[str]
+) -> list[str]:
+    """`nodes` by the quantization noise each adds, most first: the relative noise power of what it hands on less
+    that of what it takes, the int8 model's tensors against fp32's on the first SENSITIVITY_SAMPLES validation
+    samples. Both run without graph optimisations, int8 as quantize-dequantize in float, so its tensors are there
+    to read: what a node takes before its own input is quantized, what it hands on after its output is (the
+    quantizer folds a ReLU into that, so the fp32 side is followed through such a node)."""
+    fp32_graph = onnx.load(str(prepared)).graph
+    by_name = {node.name: node for node in fp32_graph.node}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in fp32_graph.node:
+        for tensor in node.input:
+            consumers.setdefault(tensor, []).append(node)
+    int8_model = onnx.load(str(quantized))
+    produced = {output for node in int8_model.graph.node for output in node.output}
+    given = {t.name for t in signature.inputs}
+
+    def took(tensor: str) -> tuple[str, str] | None:
+        for read in (tensor, f"{tensor}{DEQUANTIZED}"):
+            if read in produced or read in given:
+                return tensor, read
+        return None
+
+    def handed_on(tensor: str) -> tuple[str, str] | None:
+        for _ in range(FOLLOWED_NODES + 1):
+            for read in (f"{tensor}{DEQUANTIZED}", tensor):
+                if read in produced:
+                    return tensor, read
+            after = consumers.get(tensor, [])
+            if len(after) != 1 or len(after[0].output) != 1:
+                return None
+            tensor = after[0].output[0]
+        return None
+
+    ends = {name: (took(by_name[name].input[0]), handed_on(by_name[name].output[0])) for name in nodes}
+    pairs = [pair for end in ends.values() for pair in end if pair is not None and pair[0] not in given]
+    fp32 = _tensors(onnx.load(str(prepared)), sorted({f for f, _ in pairs}), validation, signature)
+    int8 = _tensors(int8_model, sorted({q for _, q in pairs}), validation, signature)
+
+    def noise(pair: tuple[str, str] | None) -> float:
+        if pair is None:
+            return math.nan
+        if pair[0] in given:
+            return 0.0  # the model's own input, the same in both
+        reference, compared = fp32[pair[0]].astype(np.float64), int8[pair[1]].astype(np.float64)
+        if reference.shape != compared.shape:
+            return math.nan
+        return float(np.sum((compared - reference) ** 2) / max(float(np.sum(reference**2)), 1e-30))
+
+    added = {name: noise(ends[name][1]) - noise(ends[name][0]) for name in nodes}
+    return sorted(nodes, key=lambda name: math.inf if math.isnan(added[name]) else -added[name])
+
+
+def _tensors(model: onnx.ModelProto, names: Sequence[str], samples: Samples, signature: Signature) -> dict[str, Any]:
+    """`names` as `model` computes them on the first SENSITIVITY_SAMPLES of `samples`, without graph optimisations."""
+    import onnxruntime as ort
+
+    del model.graph.output[:]
+    model.graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in names)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    runs: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    seen = 0
+    for inputs, _ in samples.batches(GATE_BATCH):
+        feeds = {spec.name: array for spec, array in zip(signature.inputs, inputs, strict=True)}
+        for name, array in zip(names, session.run(list(names), feeds), strict=True):
+            runs[name].append(array)
+        seen += len(inputs[0])
+        if seen >= SENSITIVITY_SAMPLES:
+            break
+    return {name: np.concatenate(arrays) for name, arrays in runs.items()}
 
 
 def run_gate(

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 import yaml
 
@@ -18,7 +19,8 @@ from tests.helpers import serving
 
 pytest.importorskip("torch", reason="install the export distribution: make install")
 
-from inferop_devtools.trained import INPUT, Task, samples, write_task
+from inferop_devtools.trained import INPUT, Task, damaged, samples, write_task
+from inferop_export.precision import compute_nodes
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +87,17 @@ class TestATrainedClassifier:
         assert code == 0, err
         assert report["gate"]["cosine"]["logits"] >= 0.98 and report["gate"]["accuracy"] is None
 
-        # A gate tighter than int8 can meet: refused with the numbers, nothing written.
-        code, _, err = export(capsys, tmp_path / "refused", *args, "--gate", "min-cosine=0.9999")
+        # A gate tighter than every node in int8 can meet: refused with the numbers, nothing written.
+        tight = ["--gate", "min-cosine=0.9999"]
+        code, _, err = export(capsys, tmp_path / "refused", *args, *tight, "--no-fallback")
         assert code == 1
         assert "int8 fails its accuracy gate (logits: cosine similarity 0.9" in err and "< 0.9999" in err
-        assert not (tmp_path / "refused" / "model" / "1").exists()
+        assert not (tmp_path / "refused" / "classifier").exists()
+        # With the fallback, nodes left in fp32 meet it, and the report names them.
+        code, report, err = export(capsys, tmp_path / "fallback", *args, *tight)
+        assert code == 0, err
+        assert report["fp32Nodes"] and report["gate"]["cosine"]["logits"] >= 0.9999
+        assert not report["attempts"][0]["passed"]
 
     def test_a_gate_on_accuracy_is_refused_with_both_accuracies(
         self, capsys: pytest.CaptureFixture[str], task: Task, fp32_file: Path, tmp_path: Path
@@ -202,3 +210,34 @@ def test_the_int8_classifier_is_served_and_answers_as_its_file_does(
     )
     (expected,) = session.run(None, {INPUT: images})
     np.testing.assert_allclose(served, expected, rtol=1e-4, atol=1e-4)
+
+
+class TestALayerInt8CannotHold:
+    """The trained classifier with one layer whose weights int8 cannot hold (`damaged`): every compute node in
+    int8 is refused, and export leaves that layer, found by its measured noise, in fp32 and the rest in int8."""
+
+    @pytest.mark.parametrize(("layer", "index"), [("linear", 2), ("conv", 1)])
+    def test_the_layer_stays_fp32_and_the_gate_passes(
+        self, capsys: pytest.CaptureFixture[str], task: Task, fp32_file: Path, tmp_path: Path, layer: str, index: int
+    ) -> None:
+        node = compute_nodes(onnx.load(fp32_file))[index]  # the convolutions and the linear layer, in order
+        weights = damaged(task.weights, tmp_path / f"{layer}.pth", layer)
+        args = [*task.export_args, "--weights", str(weights)]  # the last --weights wins
+        code, report, err = export(capsys, tmp_path / "repo", *args)
+        assert code == 0, err
+        first, served = report["attempts"][0], report["attempts"][-1]
+        assert not first["passed"] and "top-1 agreement" in first["summary"]  # every node int8: near chance
+        assert served["passed"] and node in report["fp32Nodes"]
+        assert report["attempts"][1]["fp32Nodes"] == [node]  # the first measure of the noise picks the layer
+        # The measured noise finds the layer first: only the linear layer stays fp32 where it is the damaged one; a
+        # convolution's neighbour follows it once the first attempt shows it is not enough.
+        assert report["fp32Nodes"] == [node] if layer == "linear" else len(report["fp32Nodes"]) == 2
+        assert report["gate"]["accuracy"]["fp32"] - report["gate"]["accuracy"]["int8"] <= 0.01
+        kept = ", ".join(report["fp32Nodes"])
+        assert any(f"passes with the {served['why']}: {kept}; capacity" in note for note in report["notes"])
+
+        # The ablation: without the fallback the same model is refused, and nothing is written.
+        code, _, err = export(capsys, tmp_path / "refused", *args, "--no-fallback")
+        assert code == 1
+        assert "int8 fails its accuracy gate (logits: top-1 agreement" in err
+        assert not (tmp_path / "refused" / "classifier").exists()
