@@ -8,6 +8,7 @@ with the spec's defaults: what they write is what the operator would render.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from inferop_core.errors import InferopError
+from inferop_core.processing import Processing
 from inferop_export.data import FORMS
 from inferop_export.precision import GATE_KEYS, PRECISIONS
 from inferop_operator.spec import Batching, Serving, Threads, Timeouts
@@ -75,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fix an input's open dims, e.g. tokens=128 (without the batch axis); repeat per input",
     )
     onnx.add_argument("--tolerance", type=float, help="max |ONNX Runtime - ONNX reference| accepted (default 1e-3)")
+    _add_user_model(onnx)
     _add_common(onnx)
 
     module = sources.add_parser(
@@ -95,7 +98,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     module.add_argument("--app-dir", type=Path, default=Path("."), help="directory to import the factory from")
     module.add_argument("--weights", type=Path, help="a state dict (.pth) to load into the module")
     module.add_argument("--tolerance", type=float, help="max |ONNX Runtime - PyTorch| accepted (default 1e-3)")
+    _add_user_model(module)
     _add_common(module)
+
+
+def _add_user_model(parser: argparse.ArgumentParser) -> None:
+    """What a built-in network declares itself and a user's model is told: how callers use it, its classes."""
+    parser.add_argument(
+        "--processing",
+        metavar="JSON",
+        help="how callers make inputs and read outputs, as the spec's model.processing, e.g. "
+        '\'{"kind": "imageClassification", "resizeRatio": 1.14, "mean": [0.485, 0.456, 0.406], "std": [0.229, '
+        "0.224, 0.225]}' (default: plain tensors); an image classifier's --calibration and --validation may then be "
+        "folders of images",
+    )
+    parser.add_argument(
+        "--labels",
+        type=Path,
+        metavar="FILE",
+        help="class names of the first output, one a line: served for Triton's classification extension, and the "
+        "names of an image folder's class subfolders",
+    )
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -174,18 +197,52 @@ def build_source(args: argparse.Namespace) -> Any:
 
     flags = [parse_input_flag(text) for text in getattr(args, "input", [])]
     tolerance = args.tolerance if getattr(args, "tolerance", None) is not None else DEFAULT_TOLERANCE
+    if args.source not in ("onnx", "torch"):
+        return args.build(args)
+    processing, labels = parse_processing(args.processing), read_labels(args.labels)  # what a user's model is
     if args.source == "onnx":
         if not args.file.is_file():
             raise FileNotFoundError(f"{args.file}: no such file")
         name = model_name(args.name or args.file.stem, "--name" if args.name else "the file's name")
-        return OnnxFile(name, args.file, tolerance, overrides={flag.name: flag for flag in flags})
-    if args.source == "torch":
-        module = args.target.partition(":")[0].rpartition(".")[2]
-        name = model_name(args.name or module, "--name" if args.name else "the module's name")
-        return torch_module(
-            args.target, flags, name, args.app_dir, args.output, args.weights, tolerance=tolerance, seed=args.seed
+        overrides = {flag.name: flag for flag in flags}
+        return OnnxFile(name, args.file, tolerance, overrides, labels=labels, processing=processing)
+    module = args.target.partition(":")[0].rpartition(".")[2]
+    name = model_name(args.name or module, "--name" if args.name else "the module's name")
+    source = torch_module(
+        args.target, flags, name, args.app_dir, args.output, args.weights, tolerance=tolerance, seed=args.seed
+    )
+    return dataclasses.replace(source, labels=labels, processing=processing)
+
+
+def parse_processing(text: str | None) -> Processing | None:
+    """`--processing` as the spec's model.processing (camelCase JSON), an error naming the flag otherwise."""
+    from pydantic import ValidationError
+
+    if text is None:
+        return None
+    try:
+        return Processing.model_validate_json(text)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in e['loc']) or 'value'}: {str(e['msg']).removeprefix('Value error, ')}"
+            for e in error.errors()
         )
-    return args.build(args)
+        raise InferopError(f"--processing {text!r}: {problems}") from None
+
+
+def read_labels(path: Path | None) -> list[str] | None:
+    """`--labels`: one class name a line, blank lines at the end ignored."""
+    if path is None:
+        return None
+    try:
+        names = path.read_text().rstrip("\n").split("\n")
+    except OSError as error:
+        raise InferopError(f"--labels {path}: {error.strerror or error}") from None
+    blank = [number for number, name in enumerate(names, 1) if not name.strip()]
+    if blank or len(set(names)) != len(names):
+        why = f"line {blank[0]} is blank" if blank else "a name appears twice"
+        raise InferopError(f"--labels {path}: {why}; give one class name a line, in the output's order")
+    return names
 
 
 def run(args: argparse.Namespace) -> int:

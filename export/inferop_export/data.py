@@ -2,7 +2,10 @@
 validation inputs (with labels, for a classifier) that gate it. A user's model is never calibrated on noise.
 
 A set is an `.npz` file with one array per model input (samples along the first axis) and optionally `labels`,
-a directory of `<input>.npy` files (and `labels.npy`), or, for a model with one input, a single `.npy` file.
+a directory of `<input>.npy` files (and `labels.npy`), or, for a model with one input, a single `.npy` file. For an
+image classifier (`--processing` kind imageClassification) it may be a folder of images, processed as callers'
+images are (`inferop.client.preprocess_image`): unlabelled, or in one subfolder a class, named as in `--labels` or
+by the class's index.
 """
 
 from __future__ import annotations
@@ -15,10 +18,15 @@ from pathlib import Path
 import numpy as np
 
 from inferop_core.errors import InferopError
+from inferop_core.processing import Processing
 from inferop_export.signature import NUMPY_DTYPES, Signature
 
 LABELS = "labels"
-FORMS = "an .npz with one array per input (and optionally 'labels'), a directory of <input>.npy, or one .npy"
+FORMS = (
+    "an .npz with one array per input (and optionally 'labels'), a directory of <input>.npy, or one .npy; for an image "
+    "classifier, a folder of images (in one subfolder a class, for labels)"
+)
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff"})
 # The worst of n samples bounds the share of inputs doing worse below 3/n at 95% confidence (the rule of three):
 # a gate on `agreement` of the inputs needs 3 / (1 - agreement) samples to say anything about it.
 CONFIDENCE_FACTOR = 3.0
@@ -54,12 +62,17 @@ def samples_needed(agreement: float) -> int:
     return math.ceil(round(CONFIDENCE_FACTOR / (1 - agreement), 6))
 
 
-def load_samples(path: Path, flag: str, signature: Signature) -> SampleSet:
+def load_samples(
+    path: Path, flag: str, signature: Signature, processing: Processing | None = None, classes: list[str] | None = None
+) -> SampleSet:
     """The set at `path` checked against the model's inputs: names, dtypes and shapes, one count of samples for all,
-    and labels (if any) one integer a sample."""
+    and labels (if any) one integer a sample. A folder of images is read as `processing` declares, its subfolders
+    named as in `classes` (the model's labels) or by index."""
     origin = f"{flag} {path}"
     if not signature.batched:
         raise DataError(f"{origin}: the model has no batch axis, so a set of samples cannot be fed to it")
+    if path.is_dir() and _images(path):
+        return _image_folder(path, origin, signature, processing, classes)
     named = _read(path, origin)
     expected = [tensor.name for tensor in signature.inputs]
     if len(expected) == 1 and list(named) == ["array"]:  # a single .npy
@@ -92,6 +105,66 @@ def load_samples(path: Path, flag: str, signature: Signature) -> SampleSet:
         raise DataError(f"{origin}: holds no samples")
     labels = _labels(named.get(LABELS), origin)
     return SampleSet(origin, tuple(arrays), labels)
+
+
+def _images(folder: Path) -> list[Path]:
+    """The images in `folder` and in its subfolders, one level down."""
+    return sorted(
+        file for file in (*folder.iterdir(), *(f for d in folder.iterdir() if d.is_dir() for f in d.iterdir()))
+        if file.is_file() and file.suffix.lower() in IMAGE_SUFFIXES
+    )  # fmt: skip
+
+
+def _image_folder(
+    folder: Path, origin: str, signature: Signature, processing: Processing | None, classes: list[str] | None
+) -> SampleSet:
+    """Images processed as callers' are, labelled by their subfolders (none: unlabelled)."""
+    from inferop.client import InferError, preprocess_image
+
+    if processing is None or processing.kind != "imageClassification":
+        raise DataError(
+            f"{origin}: holds images, which only an image classifier can read: give --processing with kind "
+            "imageClassification (how callers' images are resized and normalised), or give " + FORMS.split(";")[0]
+        )
+    (tensor, *others) = signature.inputs
+    dims = list(tensor.dims)
+    if others or len(dims) != 3 or dims[0] != 3 or dims[1] != dims[2]:
+        raise DataError(
+            f"{origin}: images become one input of [3, size, size]; the model takes "
+            f"{[(t.name, list(t.dims)) for t in signature.inputs]}"
+        )
+    direct = [file for file in _images(folder) if file.parent == folder]
+    subfolders = sorted({file.parent for file in _images(folder)} - {folder})
+    if direct and subfolders:
+        raise DataError(
+            f"{origin}: holds images both in it ({direct[0].name}...) and in subfolders ({subfolders[0].name}/); put "
+            "all in one subfolder a class (labelled) or all in the folder (unlabelled)"
+        )
+    files = direct or [file for file in _images(folder) if file.parent != folder]
+    labels = None
+    if subfolders:
+        index = {name: number for number, name in enumerate(classes)} if classes else None
+        label_of = {}
+        for sub in subfolders:
+            if index is not None and sub.name in index:
+                label_of[sub] = index[sub.name]
+            elif index is None and sub.name.isdigit():
+                label_of[sub] = int(sub.name)
+            else:
+                shown = ", ".join(classes[:5]) + ("..." if len(classes) > 5 else "") if classes else ""
+                known = f"one of --labels ({shown})" if classes else "a class index (or give --labels, the names)"
+                raise DataError(f"{origin}: subfolder {sub.name!r} is not a class: name it {known}")
+        labels = np.array([label_of[file.parent] for file in files], dtype=np.int64)
+    dtype = np.dtype(NUMPY_DTYPES[tensor.datatype])
+    arrays = []
+    for file in files:
+        try:
+            arrays.append(preprocess_image(file, dims[1], processing).astype(dtype))
+        except InferError as error:
+            raise DataError(
+                f"{origin}: {file.relative_to(folder)} is not a readable image ({error.__cause__})"
+            ) from None
+    return SampleSet(origin, (np.stack(arrays),), labels)
 
 
 def _read(path: Path, origin: str) -> dict[str, np.ndarray]:

@@ -32,7 +32,7 @@ from inferop_core.tritonconfig import DYNAMIC_DIM, MODEL_FILENAME, ServingConfig
 from inferop_export.precision import Attempt, UserData, check_precision, int8_with_fallback, precision_inputs
 from inferop_export.profile import ModelProfile, profile_onnx
 from inferop_export.signature import Signature, read_signature
-from inferop_export.sources import Inputs, OnnxFile, TorchModule
+from inferop_export.sources import Inputs, OnnxFile, SourceError, TorchModule
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import GPU_RESOURCE, InferenceServiceSpec, Model, Profile, Serving, Tensor, parse_spec
 
@@ -158,6 +158,7 @@ def export_model(
         model = onnx.load(str(fp32_path))
         session = onnxruntime_session(fp32_path, model)
         signature = read_signature(model, source.overrides)
+        check_labels_fit(source, signature)
         notes = list(signature.notes)
         if not signature.batched and serving.batching.max_batch_size:
             batching = serving.batching.model_copy(update={"max_batch_size": 0})
@@ -260,6 +261,16 @@ def export_model(
         seconds=progress.seconds,
     )
     return report
+
+
+def check_labels_fit(source: Source, signature: Signature) -> None:
+    """Class names, where given, one for each class of the first output (Triton's classification extension)."""
+    first = signature.outputs[0]
+    classes = first.dims[-1] if first.dims else None
+    if source.labels and classes not in (None, DYNAMIC_DIM, len(source.labels)):
+        raise SourceError(
+            f"{source.name}: --labels names {len(source.labels)} classes; output {first.name!r} has {classes}"
+        )
 
 
 def fallback_notes(attempts: list[Attempt], rate: float, all_int8_rate: float | None) -> list[str]:

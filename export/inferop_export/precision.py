@@ -151,8 +151,9 @@ def precision_inputs(
     calibration: Samples
     validation: Samples
     if data.calibration is not None and data.validation is not None:
-        calibration = load_samples(data.calibration, "--calibration", signature)
-        validation = load_samples(data.validation, "--validation", signature)
+        declared = (source.processing, source.labels)
+        calibration = load_samples(data.calibration, "--calibration", signature, *declared)
+        validation = load_samples(data.validation, "--validation", signature, *declared)
     else:
         calibration = GeneratedSamples(source, signature, CALIBRATION_SAMPLES, seed)
         validation = GeneratedSamples(source, signature, GATE_SAMPLES, seed + 1)
