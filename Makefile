@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 CACHE ?= $(HOME)/.cache/inferop
 export INFEROP_CACHE := $(CACHE)
 # Where the chart and the tests find helm and kubectl, the control planes' binaries (1.20 and the current release),
-# the cluster add-ons (kwok, prometheus-adapter) and the gateway (Envoy Gateway, Envoy, Gateway API's CRDs). On a fresh machine the Go builds take about half an hour
+# the cluster add-ons (kwok, prometheus-adapter), the gateway (Envoy Gateway, Envoy, Gateway API's CRDs) and an S3 server
+# (versitygw). On a fresh machine the Go builds take about 35 minutes
 # once (README: "The local control plane").
 TOOLS_STAMP := $(CACHE)/.tools-ready
 
@@ -44,11 +45,12 @@ $(STAMP): $(DISTRIBUTIONS)
 tools: $(TOOLS_STAMP)
 
 $(TOOLS_STAMP): scripts/kube-binaries.sh scripts/kube-current.sh scripts/kube-addons.sh scripts/go-cache.sh \
-		scripts/helm-kubectl.sh scripts/tools-venv.sh scripts/prometheus.sh scripts/gateway.sh
+		scripts/helm-kubectl.sh scripts/tools-venv.sh scripts/prometheus.sh scripts/gateway.sh scripts/s3-server.sh
 	bash scripts/kube-binaries.sh >/dev/null
 	bash scripts/kube-current.sh >/dev/null
 	bash scripts/kube-addons.sh >/dev/null
 	bash scripts/gateway.sh >/dev/null
+	bash scripts/s3-server.sh >/dev/null
 	bash scripts/helm-kubectl.sh >/dev/null
 	bash scripts/tools-venv.sh >/dev/null
 	bash scripts/prometheus.sh >/dev/null

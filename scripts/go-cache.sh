@@ -79,3 +79,29 @@ use_go_for() {
 go_directive() { awk '$1 == "go" { print $2; exit }' "$1"; }
 
 downloaded_kib() { du -sk "$GOMODCACHE/cache/download" 2>/dev/null | cut -f1 || echo 0; }
+
+# Build `package` of `module`@`version` into $BIN/`name`, once: a throw-away wrapper module that requires the module
+# (its graph is then exactly the module's own go.mod, which must have no replace directives), built at the lowest
+# priority (the machine is shared with test suites). `version_variable` is set to the version with -X, or `-`.
+build_from_module() {
+    local name=$1 module=$2 version=$3 package=$4 version_variable=$5 wrapper="$BUILD/$1" ldflags="-s -w"
+    local source start=$SECONDS before
+    [[ -x "$BIN/$name" ]] && return
+    before=$(downloaded_kib)
+    log "downloading $module@$version"
+    source=$(go mod download -json "$module@$version" | awk -F'"' '$2 == "Dir" { print $4 }')
+    [[ -d $source ]] || die "$module@$version did not download"
+    grep -q '^replace\|=>' "$source/go.mod" &&
+        die "$module@$version has replace directives now: map them in the wrapper module"
+    use_go_for "$(go_directive "$source/go.mod")"
+    mkdir -p "$wrapper"
+    printf 'module inferop.invalid/%s-build\n\ngo %s\n\nrequire %s %s\n\ntool %s\n' \
+        "$name" "$(go_directive "$source/go.mod")" "$module" "$version" "$package" >"$wrapper/go.mod"
+    (cd "$wrapper" && nice -n 19 go mod tidy >&2)
+    [[ $version_variable == - ]] || ldflags+=" -X $version_variable=$version"
+    log "building $name ($package, $(go version | cut -d' ' -f3))"
+    (cd "$wrapper" && nice -n 19 go build -trimpath -ldflags="$ldflags" -o "$BIN/.$name.tmp" "$package" >&2)
+    mv "$BIN/.$name.tmp" "$BIN/$name"
+    log "built $name $version in $((SECONDS - start)) s: $(($(downloaded_kib) - before)) KiB newly downloaded," \
+        "binary $(du -h "$BIN/$name" | cut -f1)"
+}

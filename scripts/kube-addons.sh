@@ -37,31 +37,8 @@ BUILD_TIME="about 8 minutes on 2 cores"
 source "$(dirname "$0")/go-cache.sh"
 go_cache_begin "$@"
 
-# Wrapper module, module graph, build at the lowest priority (the machine is shared with test suites).
-build_addon() {
-    local name=$1 module=$2 version=$3 package=$4 version_variable=$5 wrapper="$BUILD/$1" ldflags="-s -w"
-    local source start=$SECONDS before
-    [[ -x "$BIN/$name" ]] && return
-    before=$(downloaded_kib)
-    log "downloading $module@$version"
-    source=$(go mod download -json "$module@$version" | awk -F'"' '$2 == "Dir" { print $4 }')
-    [[ -d $source ]] || die "$module@$version did not download"
-    grep -q '^replace\|=>' "$source/go.mod" && log "warning: $module@$version has replace directives, ignored here"
-    use_go_for "$(go_directive "$source/go.mod")"
-    mkdir -p "$wrapper"
-    printf 'module inferop.invalid/%s-build\n\ngo %s\n\nrequire %s %s\n\ntool %s\n' \
-        "$name" "$(go_directive "$source/go.mod")" "$module" "$version" "$package" >"$wrapper/go.mod"
-    (cd "$wrapper" && nice -n 19 go mod tidy >&2)
-    [[ $version_variable == - ]] || ldflags+=" -X $version_variable=$version"
-    log "building $name ($package, $(go version | cut -d' ' -f3))"
-    (cd "$wrapper" && nice -n 19 go build -trimpath -ldflags="$ldflags" -o "$BIN/.$name.tmp" "$package" >&2)
-    mv "$BIN/.$name.tmp" "$BIN/$name"
-    log "built $name $version in $((SECONDS - start)) s: $(($(downloaded_kib) - before)) KiB newly downloaded," \
-        "binary $(du -h "$BIN/$name" | cut -f1)"
-}
-
 for addon in "${ADDONS[@]}"; do
     # shellcheck disable=SC2086 # the fields are single words
-    build_addon $addon
+    build_from_module $addon
 done
 go_cache_finish

@@ -7,12 +7,15 @@ fixtures for them skip with a reason that says how to get what is missing.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import EXPORT_EXTRA, SERVE_EXTRA, SERVING, TINY, ExportedRepo, RunningServer
+from tests.helpers import EXPORT_EXTRA, MODEL_BUCKET, SERVE_EXTRA, SERVING, TINY, ExportedRepo, RunningServer
 
 
 @pytest.fixture(scope="session")
@@ -66,3 +69,51 @@ def client(triton: RunningServer) -> Iterator[Any]:
     connection = httpclient.InferenceServerClient(triton.url, connection_timeout=10, network_timeout=30)
     yield connection
     connection.close()
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[Any]:
+    """A real S3 server (versitygw, scripts/s3-server.sh, built by make tools) with the bucket MODEL_BUCKET."""
+    from inferop_devtools.s3 import S3Server
+
+    with S3Server() as server:
+        server.make_bucket(MODEL_BUCKET)
+        yield server
+
+
+@pytest.fixture
+def signed(s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The S3 server, with its credentials in this process's environment, where the S3 client reads them."""
+    for name, value in s3.credentials().items():
+        monkeypatch.setenv(name, value)
+    return s3
+
+
+@pytest.fixture(scope="session")
+def exported_tiny(tmp_path_factory: pytest.TempPathFactory) -> ExportedRepo:
+    """The tiny conv net exported alone (one model directory, conv_net), as object-storage tests push it."""
+    from inferop_export.exporter import export_model
+    from inferop_export.networks.conv_net import conv_net
+
+    repo = tmp_path_factory.mktemp("exported")
+    return ExportedRepo(path=repo, reports={"conv_net": export_model(conv_net(**TINY), repo, quiet=True)})
+
+
+@pytest.fixture(scope="session")
+def pushed(s3: Any, exported_tiny: ExportedRepo) -> str:
+    """The tiny conv net pushed by `inferop push` as s3://MODEL_BUCKET/repo/conv_net, with the credentials in the
+    pushing process's environment only; the repository's URI."""
+    inferop = Path(sys.executable).with_name("inferop")
+    uri = f"s3://{MODEL_BUCKET}/repo"
+    result = subprocess.run(
+        [str(inferop), "push", str(exported_tiny.path), uri, "--endpoint", s3.url, "--addressing", "path"],
+        env={"PATH": "/usr/bin:/bin", **s3.credentials()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"{uri}/conv_net/1/model.onnx" in result.stdout.splitlines()
+    assert s3.secret_key not in result.stdout + result.stderr
+    return uri

@@ -3,6 +3,8 @@ the exported repository and running server the fixtures hand out, and a poller t
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,6 +18,16 @@ T = TypeVar("T")
 
 # A policy/value net small enough to export in a couple of seconds.
 TINY = {"rows": 6, "cols": 5, "depth": 2, "hidden": 8, "moves": 5}
+MODEL_BUCKET = "models"  # the S3 server fixture's bucket
+# A position on the tiny conv net's board (TINY's 6 rows, 5 columns): 1 the side to move, -1 the other.
+TINY_BOARD = [
+    [0, 1, -1, 0, 0],
+    [1, 1, 0, 0, -1],
+    [0, 0, 0, 0, 0],
+    [-1, 0, 1, 0, 0],
+    [0, 0, 0, 0, 1],
+    [1, -1, 0, 0, 0],
+]
 
 # Serving settings of the integration repository, as an InferenceService spec spells them. The queue delay is
 # long enough that concurrent batch-1 requests meet in the dynamic batcher; one instance each, so a long
@@ -79,3 +91,17 @@ def serving(repo: Path) -> Iterator[str]:
 
     with TritonServer(repo, http_port=free_port()) as running:
         yield str(running.url)
+
+
+@contextmanager
+def stopped_by_sigterm(process: subprocess.Popen[bytes], output: Path) -> Iterator[None]:
+    """The body runs while `process` serves; then SIGTERM, as the kubelet stops a container, must end it with exit 0
+    within a minute (its output quoted if not). A body that fails kills it, so nothing is left running."""
+    try:
+        yield
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, output.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -34,9 +34,16 @@ class Provider:
     folder: str
 
 
+# The core's own: what a pod runs before Triton starts, and its counterpart for whoever exports.
+FETCH = Command("inferop_core.fetchcli", "fetch a model directory from s3:// or http(s):// and check its digest")
+PUSH = Command("inferop_core.pushcli", "put an exported model directory into an s3:// bucket")
+
+
 # Only names, so a command whose distribution is not installed can say which to install; the core imports none
 # of them (an import-linter contract in `make check`).
 PROVIDERS: dict[str, Provider] = {
+    "fetch": Provider("inferop-core", "./core"),
+    "push": Provider("inferop-core", "./core"),
     "serve": Provider("inferop", "."),
     "infer": Provider("inferop", "."),
     "bench": Provider("inferop", "."),

@@ -50,6 +50,9 @@ MODEL_FILENAME = "model.onnx"
 # model-config endpoint next to the labels it is about to show. Triton's ONNX Runtime backend looks up only the
 # parameter names it knows (`src/onnxruntime.cc`), as does `inferop/serving/model.py`, so it changes nothing served.
 WEIGHTS_PARAMETER = "inferop_weights"
+# The model file's SHA-256 as export wrote it, read back by a fetch from object storage to refuse a changed file.
+MODEL_SHA256_PARAMETER = "inferop_model_sha256"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
 # Triton's tensor datatypes (as the V2 protocol spells them) that ONNX models served here use.
 Datatype = Literal["FP32", "FP16", "BF16", "FP64", "INT64", "INT32", "INT8", "UINT8", "BOOL"]
@@ -128,6 +131,11 @@ class ServingConfig(BaseModel):
     processing: Processing | None = Field(
         default=None,
         description=f"how callers make inputs and read outputs, written as the parameter {PROCESSING_PARAMETER!r}",
+    )
+    model_sha256: str | None = Field(
+        default=None,
+        pattern=SHA256_PATTERN,
+        description=f"the model file's SHA-256, written as the parameter {MODEL_SHA256_PARAMETER!r}; None: not written",
     )
     gpu_memory_limit_bytes: int | None = Field(
         default=None,
@@ -211,6 +219,8 @@ def build_model_config(cfg: ServingConfig) -> mc.ModelConfig:
         config.parameters[WEIGHTS_PARAMETER].string_value = cfg.weights
     if cfg.processing is not None:
         config.parameters[PROCESSING_PARAMETER].string_value = cfg.processing.to_parameter()
+    if cfg.model_sha256 is not None:
+        config.parameters[MODEL_SHA256_PARAMETER].string_value = cfg.model_sha256
 
     for batch in cfg.warmup_batch_sizes:
         warmup = config.model_warmup.add(name=f"warmup_batch_{batch}", batch_size=batch)
@@ -278,6 +288,7 @@ def read_serving_config(config: mc.ModelConfig) -> ServingConfig:
         processing=Processing.from_parameter(parameters[PROCESSING_PARAMETER])
         if PROCESSING_PARAMETER in parameters
         else None,
+        model_sha256=parameters.get(MODEL_SHA256_PARAMETER),
         memory_pattern=parameters.get("enable_mem_pattern", "1") not in ("0", "false"),
         gpu_memory_limit_bytes=_count(parameters.get("gpu_mem_limit")),
     )

@@ -26,6 +26,7 @@ import onnx
 from inferop_core.agreement import GateResult
 from inferop_core.cpu import cpu_int8_instructions, int8_verdict
 from inferop_core.errors import InferopError
+from inferop_core.objectstore import sha256_file
 from inferop_core.quantity import parse_quantity
 from inferop_core.threads import local_cpus
 from inferop_core.tritonconfig import DYNAMIC_DIM, MODEL_FILENAME, ServingConfig, render_model_config
@@ -223,6 +224,7 @@ def export_model(
                 storage_uri=storage_uri or f"hostpath://{model_dir.resolve()}",
                 profile=Profile.model_validate(profile.as_spec()),
                 weights=source.weights,
+                sha256=sha256_file(model_path),
                 inputs=[Tensor.of(t) for t in signature.inputs],
                 outputs=[Tensor.of(t) for t in outputs],
                 processing=source.processing,

@@ -353,6 +353,7 @@ def tuned_spec(serving: ServingConfig, model_dir: Path, cpus: float, profile: di
         storage_uri=f"hostpath://{model_dir.resolve()}",
         profile=Profile.model_validate(profile),
         weights=serving.weights,
+        sha256=serving.model_sha256,
         inputs=[Tensor.of(t) for t in serving.inputs],
         outputs=[Tensor.of(t) for t in serving.outputs],
         processing=serving.processing,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from types import FrameType
 
@@ -12,15 +14,27 @@ from inferop.limits import LimitsError, PodLimits, describe_usage
 from inferop.serving.localrepo import RepositoryError
 from inferop.serving.tritonserver import ServerError, TritonServer
 from inferop_core import scheduling
+from inferop_core.objectstore import StorageError, fetch, is_object_uri
+from inferop_core.quantity import format_bytes
+from inferop_core.storagecli import add_endpoint_arguments, add_limit_arguments, endpoint_from, limits_from
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repo", type=Path, default=Path("model_repo"), help="model repository (default model_repo)")
+    parser.add_argument(
+        "--repo",
+        default="model_repo",
+        help=(
+            "model repository: a folder (default model_repo), or s3://bucket/path or http(s)://...tar.gz, fetched "
+            "first and each model file checked against the digest its config records"
+        ),
+    )
     parser.add_argument("--http-port", type=int, default=8000, help="HTTP port (default 8000)")
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default HTTP port + 1)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus metrics port (default HTTP port + 2)")
     parser.add_argument("--log", type=Path, help="write tritonserver's log here (default: a temporary file)")
     parser.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait for models to load")
+    add_endpoint_arguments(parser)
+    add_limit_arguments(parser)
     limits = parser.add_argument_group(
         "pod limits", "a pod's resources.limits, applied to the server and its stubs with cgroups as the kubelet does"
     )
@@ -41,8 +55,27 @@ def run(args: argparse.Namespace) -> int:
     except LimitsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    with contextlib.ExitStack() as cleanup:
+        if is_object_uri(args.repo):
+            fetched = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="inferop-repo-"))) / "repo"
+            try:
+                done = fetch(args.repo, fetched, endpoint_from(args), limits_from(args))
+            except StorageError as error:
+                print(f"error: {error.with_reason()}", file=sys.stderr)
+                return 1
+            checked = ", ".join(f"{name} sha256 {digest[:16]}" for name, digest in done.digests.items())
+            print(
+                f"fetched {args.repo}: {format_bytes(done.bytes)} in {done.seconds:.1f} s (digests checked: "
+                f"{checked or 'none recorded'})",
+                file=sys.stderr,
+            )
+            return serve(args, fetched, limits)
+        return serve(args, Path(args.repo), limits)
+
+
+def serve(args: argparse.Namespace, repo: Path, limits: PodLimits) -> int:
     server = TritonServer(
-        repo=args.repo,
+        repo=repo,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
@@ -57,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     try:
         server.start(timeout=args.ready_timeout)
-        models = ", ".join(sorted(p.name for p in args.repo.iterdir() if (p / "config.pbtxt").is_file()))
+        models = ", ".join(sorted(p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file()))
         pod = ""
         if server.cgroup is not None:
             cgroups = ", ".join(map(str, server.cgroup.directories))

@@ -21,13 +21,15 @@ from inferop_operator.identity import (
     API_VERSION,
     CANDIDATE_SUFFIX,
     CONFIG_HASH_ANNOTATION,
+    FETCH_CONTAINER,
     KIND,
+    TRITON_CONTAINER,
     Track,
     service_labels,
 )
 from inferop_operator.plan import Plan
 from inferop_operator.rollout import RolloutStatus, Traffic, canary_replicas, replica_split
-from inferop_operator.spec import GatewayRef, InferenceServiceSpec, Model
+from inferop_operator.spec import GatewayRef, InferenceServiceSpec, Model, ObjectStorage
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 MODEL_REPOSITORY = "/models"
@@ -35,6 +37,16 @@ MODEL_SOURCE = "/mnt/model-source"
 CONFIG_DIR = "/etc/inferop"
 CONFIG_KEY = "config.pbtxt"
 OCI_MODEL_DIR = "/model"  # where a model image (oci://) holds the model directory
+# A model in object storage: `inferop fetch` (the operator's image) writes it into the source volume, mounted here
+# in its init container, as the folder FETCHED; the other containers mount that folder at MODEL_SOURCE.
+FETCH_MOUNT = "/fetch"
+FETCHED = "model"
+TERMINATION_LOG = "/dev/termination-log"  # where the kubelet reads a container's last words into its status
+# The object-storage fetch streams in 1 MiB chunks: 46.5 MiB peak RSS for a 100 MB model, mostly its imports
+# (python -m inferop_devtools.oneoff.storage_start), so its memory does not grow with the model.
+FETCH_RESOURCES = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "128Mi"}}
+CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+OPTIONAL_CREDENTIAL_KEYS = ("AWS_SESSION_TOKEN",)
 TRITON_UID = 1000  # the triton-server user of NVIDIA's images
 STARTUP_PROBE_PERIOD = 5
 # Header that would unlock Triton's model-repository and shared-memory APIs. Its value is random, drawn by the
@@ -109,6 +121,7 @@ class Service:
     track: Track = "stable"
     routing: Routing = field(default_factory=Routing)
     candidate: Service | None = None
+    fetch_image: str | None = None  # the image with `inferop fetch` (the operator's own), for object storage
 
     @property
     def object_name(self) -> str:
@@ -270,6 +283,10 @@ def source_volume(service: Service) -> tuple[dict[str, Any], dict[str, Any]]:
         return {"name": "model-source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}, mount
     if scheme == "hostpath":
         return {"name": "model-source", "hostPath": {"path": rest, "type": "Directory"}}, mount
+    if service.spec.model.fetched:
+        # Room for the fetch's staging folder beside a previous fetch, which it replaces only when complete
+        size = 2 * service.spec.model.download_limit_bytes()
+        return {"name": "model-source", "emptyDir": {"sizeLimit": str(size)}}, {**mount, "subPath": FETCHED}
     return {"name": "model-source", "emptyDir": {}}, mount  # oci: filled by the fetch init container
 
 
@@ -282,13 +299,67 @@ def container_security() -> dict[str, Any]:
     }
 
 
+def fetch_arguments(model: Model) -> list[str]:
+    """`inferop fetch` of a model in object storage, with the spec's digest, endpoint and limits."""
+    storage = model.storage or ObjectStorage()
+    arguments = ["fetch", model.storage_uri, f"{FETCH_MOUNT}/{FETCHED}"]
+    if model.sha256 is not None:
+        arguments += ["--sha256", model.sha256]
+    if storage.endpoint is not None:
+        arguments += ["--endpoint", storage.endpoint.rstrip("/")]
+    if storage.region is not None:
+        arguments += ["--region", storage.region]
+    return [
+        *arguments,
+        "--addressing", storage.addressing,
+        "--download-timeout", str(storage.download_timeout_seconds),
+        "--attempts", str(storage.attempts),
+        "--max-size", str(model.download_limit_bytes()),
+        "--termination-log", TERMINATION_LOG,
+    ]  # fmt: skip
+
+
+def credential_env(storage: ObjectStorage | None) -> list[dict[str, Any]]:
+    """The fetch's credentials as references to the user's Secret: its values never pass through the operator."""
+    if storage is None or storage.credentials_secret is None:
+        return []
+    return [
+        {
+            "name": key,
+            "valueFrom": {
+                "secretKeyRef": {"name": storage.credentials_secret, "key": key, "optional": key not in CREDENTIAL_KEYS}
+            },
+        }
+        for key in (*CREDENTIAL_KEYS, *OPTIONAL_CREDENTIAL_KEYS)
+    ]
+
+
 def init_containers(service: Service, source_mount: dict[str, Any]) -> list[dict[str, Any]]:
     containers = []
-    scheme, _, image = service.spec.model.storage_uri.partition("://")
+    model = service.spec.model
+    scheme, _, image = model.storage_uri.partition("://")
+    if model.fetched:
+        if service.fetch_image is None:
+            raise ValueError("a model in object storage needs the fetch image (the operator's INFEROP_FETCH_IMAGE)")
+        containers.append(
+            {
+                "name": FETCH_CONTAINER,
+                "image": service.fetch_image,
+                "command": ["inferop"],
+                "args": fetch_arguments(model),
+                "env": credential_env(model.storage),
+                "volumeMounts": [
+                    {"name": source_mount["name"], "mountPath": FETCH_MOUNT},
+                    {"name": "tmp", "mountPath": "/tmp"},  # a tarball is unpacked from a temporary file
+                ],
+                "securityContext": container_security(),
+                "resources": FETCH_RESOURCES,
+            }
+        )
     if scheme == "oci":
         containers.append(
             {
-                "name": "fetch-model",
+                "name": FETCH_CONTAINER,
                 "image": image,
                 "command": ["sh", "-c", f"cp -R {OCI_MODEL_DIR}/. {MODEL_SOURCE}/"],
                 "volumeMounts": [{**source_mount, "readOnly": False}],
@@ -323,9 +394,12 @@ def stall_check(service: Service) -> liveness.StallCheck:
 
 def progress_deadline_seconds(service: Service) -> int:
     """The Deployment's progressDeadlineSeconds, after which a rollout counts as stuck (ProgressDeadlineExceeded):
-    the startup budget (the model's load) and 5 minutes for scheduling, pulling the image and the init containers;
-    Kubernetes' own default (600) at the default startup budget."""
-    return service.spec.timeouts.startup_seconds + 300
+    the startup budget (the model's load) and 5 minutes for scheduling, pulling the image and the init containers,
+    plus a fetch's download timeout for a model in object storage; Kubernetes' own default (600) at the default
+    startup budget."""
+    storage = service.spec.model.storage or ObjectStorage()
+    fetch = storage.download_timeout_seconds if service.spec.model.fetched else 0
+    return service.spec.timeouts.startup_seconds + 300 + fetch
 
 
 def build_deployment(service: Service) -> dict[str, Any]:
@@ -333,7 +407,7 @@ def build_deployment(service: Service) -> dict[str, Any]:
     volume, source_mount = source_volume(service)
     health = {"port": "http", "scheme": "HTTP"}
     container = {
-        "name": "triton",
+        "name": TRITON_CONTAINER,
         "image": service.image,
         "command": triton_command(service),
         "args": triton_args(service),

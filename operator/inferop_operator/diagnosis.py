@@ -7,13 +7,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from inferop_core.objectstore import ADVICE
 from inferop_core.quantity import format_bytes, parse_quantity
-from inferop_operator.identity import COMPONENT
+from inferop_operator.identity import COMPONENT, FETCH_CONTAINER, TRITON_CONTAINER
 from inferop_operator.plan import MEMORY_MARGIN, memory_limit
 
 # The kubelet alternates these while it retries a pull: one reason for both, so the condition does not flap.
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff"})
-TRITON_CONTAINER = "triton"
+# A container the kubelet cannot create from its spec: most often a Secret or ConfigMap it references is missing.
+CONFIG_ERROR_REASONS = frozenset({"CreateContainerConfigError"})
 
 
 def pod_facts(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -57,12 +59,16 @@ class Diagnosis(NamedTuple):
 
 def diagnose(pods: Iterable[Mapping[str, Any]], required_bytes: int | None) -> Diagnosis | None:
     """The first failure found in the pods' reports (`pod_facts` of each), in pod name order, or None. An image that
-    cannot be pulled comes first (nothing else can run), then an OOM kill (its advice is a size, from the memory
-    estimate `required_bytes` where there is one), then a crash loop (its advice is the server's last words).
+    cannot be pulled comes first (nothing else can run), then a container the kubelet cannot create (a missing
+    Secret), then a model that could not be fetched from object storage (its reason is the fetch's: Model<reason>,
+    such as ModelDigestMismatch), then an OOM kill (its advice is a size, from the memory estimate `required_bytes`
+    where there is one), then a crash loop (its advice is the server's last words).
 
     An OOM kill counts while the kubelet reports it as the container's last termination, even after the container
     restarted and became ready: the same load kills it again. A pod of a fixed spec replaces it and clears it."""
-    failures: dict[str, list[tuple[str, str]]] = {"ImagePullFailed": [], "OOMKilled": [], "CrashLoopBackOff": []}
+    failures: dict[str, list[tuple[str, str]]] = {"ImagePullFailed": [], "ContainerConfigError": []}
+    failures |= {f"Model{reason}": [] for reason in ADVICE}
+    failures |= {"ModelFetchFailed": [], "OOMKilled": [], "CrashLoopBackOff": []}
     for pod in sorted(pods, key=lambda p: str(p.get("name"))):
         for container in pod.get("containers") or []:
             where = f"container {container.get('name')} of pod {pod.get('name')}"
@@ -70,6 +76,11 @@ def diagnose(pods: Iterable[Mapping[str, Any]], required_bytes: int | None) -> D
             ended = container.get("terminated") or container.get("lastTerminated") or {}
             if waiting.get("reason") in IMAGE_PULL_REASONS:
                 failures["ImagePullFailed"].append((where, image_advice(where, str(container.get("image")))))
+            elif waiting.get("reason") in CONFIG_ERROR_REASONS:
+                failures["ContainerConfigError"].append((where, config_advice(where, waiting)))
+            elif container.get("name") == FETCH_CONTAINER and ended and ended.get("exitCode") != 0:
+                reason, message = fetch_failure(ended)
+                failures[reason].append((where, f"{where} could not fetch the model: {message}"))
             elif ended.get("reason") == "OOMKilled":
                 failures["OOMKilled"].append((where, oom_advice(where, container, required_bytes)))
             elif waiting.get("reason") == "CrashLoopBackOff" or (
@@ -82,6 +93,29 @@ def diagnose(pods: Iterable[Mapping[str, Any]], required_bytes: int | None) -> D
             more = f" ({len(found) - 1} more container(s) likewise)" if len(found) > 1 else ""
             return Diagnosis(reason, found[0][1] + more)
     return None
+
+
+def fetch_failure(ended: Mapping[str, Any]) -> tuple[str, str]:
+    """The condition reason and message of a failed fetch, from the "<reason>: <message>" it wrote as its last
+    words; ModelFetchFailed with the exit code where it wrote none (killed, or the image has no `inferop fetch`)."""
+    words = str(ended.get("message") or "").strip()
+    reason, _, message = words.partition(": ")
+    if reason in ADVICE and message:
+        return f"Model{reason}", message
+    said = words or "no termination message"
+    return "ModelFetchFailed", (
+        f"it exited with code {ended.get('exitCode')} ({ended.get('reason') or 'no reason'}): {said}; "
+        "`kubectl logs -c fetch-model` shows why"
+    )
+
+
+def config_advice(where: str, waiting: Mapping[str, Any]) -> str:
+    said = str(waiting.get("message") or "").strip() or "no message"
+    return (
+        f"{where} cannot be created: {said}. A Secret or ConfigMap it references is missing: create it in the "
+        "service's namespace (model.storage.credentialsSecret needs the keys AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY)"
+    )
 
 
 def image_advice(where: str, image: str) -> str:

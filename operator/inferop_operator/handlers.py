@@ -390,10 +390,16 @@ def service_tree(
         return None if found is None else found.get("specReplicas")
 
     routing = routing_for(state, split, gateway, spec, replicas(name), replicas(f"{name}{CANDIDATE_SUFFIX}"))
+    fetch = operator_settings().fetch_image
     candidate = None
     if state.candidate_wanted:
-        candidate = Service(name, namespace, uid, spec, plan, image_for(spec), track="candidate", routing=routing)
-    return Service(name, namespace, uid, stable, stable_plan, image_for(stable), routing=routing, candidate=candidate)
+        candidate = Service(
+            name, namespace, uid, spec, plan, image_for(spec), track="candidate", routing=routing, fetch_image=fetch
+        )
+    return Service(
+        name, namespace, uid, stable, stable_plan, image_for(stable), routing=routing, candidate=candidate,
+        fetch_image=fetch,
+    )  # fmt: skip
 
 
 def latest_rollout(memo: Any, previous: Status) -> RolloutStatus | None:

@@ -37,6 +37,9 @@ PREDICTOR = {**MANAGED, COMPONENT: COMPONENTS["stable"]}
 # Every Triton pod of every service, stable or candidate, as a label selector string.
 TRITON_PODS_SELECTOR = f"{label_selector(MANAGED)},{COMPONENT} in ({','.join(sorted(COMPONENTS.values()))})"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+# The pods' containers, by name: the status reads what each reports.
+TRITON_CONTAINER = "triton"
+FETCH_CONTAINER = "fetch-model"  # a model from an image or object storage; `inferop fetch` writes "<reason>: <message>"
 
 
 def selector_labels(service: str, track: Track = "stable") -> dict[str, str]:

@@ -128,6 +128,12 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
             "model.int8Nodes: required to keep them off"
         )
 
+    if spec.model.fetched and spec.model.sha256 is None:
+        warnings.append(
+            f"model.sha256 is not set: the model fetched from {spec.model.storage_uri} is served unchecked; set it to "
+            "the digest inferop export records, so that a changed or half-written object is refused"
+        )
+
     serving = spec.serving_config(threads, queue.size, gpu_memory_limit(spec, memory, costs))
     return Plan(serving=serving, threads=threads, cpu_source=cpu_source, queue=queue, memory=memory, warnings=warnings)
 

@@ -21,6 +21,13 @@ class OperatorSettings(BaseSettings):
         default="nvcr.io/nvidia/tritonserver:25.01-py3",
         description="Triton image when spec.runtime.image is unset; its ONNX Runtime must read ONNX IR 10 (>= 1.18).",
     )
+    fetch_image: str = Field(
+        default="inferop/operator:0.1.0",
+        description=(
+            "The image whose `inferop fetch` fetches models in object storage into each pod (the operator's own; "
+            "the chart sets it to the image it runs)."
+        ),
+    )
     resync_seconds: float = Field(
         default=60.0, gt=0, description="How often each service is re-applied, so manual drift of children is reverted."
     )

@@ -14,13 +14,24 @@ from pydantic.alias_generators import to_camel
 
 from inferop_core.capacity import QUEUE_BOUND_RULE, UNKNOWN_CAPACITY_RULE
 from inferop_core.errors import InferopError
+from inferop_core.objectstore import OBJECT_SCHEMES, ObjectUriError, parse_object_uri
 from inferop_core.processing import Processing
 from inferop_core.quantity import QUANTITY_PATTERN, parse_quantity
 from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
 from inferop_core.threads import ThreadPlan
-from inferop_core.tritonconfig import DYNAMIC_DIM, TENSOR_NAME_PATTERN, Datatype, ServingConfig, TensorSpec
+from inferop_core.tritonconfig import (
+    DYNAMIC_DIM,
+    MODEL_SHA256_PARAMETER,
+    SHA256_PATTERN,
+    TENSOR_NAME_PATTERN,
+    Datatype,
+    ServingConfig,
+    TensorSpec,
+)
 
-STORAGE_SCHEMES = ("pvc", "hostpath", "oci")
+# Schemes whose model each pod fetches before Triton starts (inferop fetch, in an init container).
+OBJECT_STORAGE_SCHEMES = OBJECT_SCHEMES
+STORAGE_SCHEMES = ("pvc", "hostpath", "oci", *OBJECT_STORAGE_SCHEMES)
 GPU_RESOURCE = "nvidia.com/gpu"
 MAX_NAME_LENGTH = 253  # a Kubernetes object name (a DNS subdomain), such as a PersistentVolumeClaim's
 # An image reference as container runtimes parse it: [registry[:port]/]path[:tag][@sha256:digest], the path in
@@ -132,6 +143,47 @@ class Tensor(Section):
         )
 
 
+class ObjectStorage(Section):
+    """How each pod fetches a model kept in object storage (s3://, https://) before Triton starts."""
+
+    endpoint: str | None = Field(
+        default=None,
+        max_length=512,
+        pattern=r"^https?://[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]{1,5})?/?$",
+        description="An S3-compatible server, http(s)://host[:port] (MinIO, Ceph, versitygw...); unset: AWS S3.",
+    )
+    region: str | None = Field(
+        default=None, max_length=64, pattern=r"^[a-z0-9-]+$", description="The bucket's region; unset: the server's."
+    )
+    addressing: Literal["auto", "path", "virtual"] = Field(
+        default="auto",
+        description="path-style (host/bucket/key) or virtual-hosted (bucket.host/key); auto: virtual for AWS only.",
+    )
+    credentials_secret: str | None = Field(
+        default=None,
+        max_length=MAX_NAME_LENGTH,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description=(
+            "A Secret in the service's namespace with the keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and "
+            "AWS_SESSION_TOKEN, optional). The fetch gets them as environment variables from the Secret: the "
+            "operator never reads it, and no object it writes holds them. Unset: anonymous requests."
+        ),
+    )
+    download_timeout_seconds: int = Field(
+        default=300, ge=5, le=3600, description="Seconds for the whole download, every attempt together."
+    )
+    attempts: int = Field(
+        default=5, ge=1, le=20, description="Tries per request on a failed connection or a 5xx, backing off."
+    )
+    max_size: Quantity | None = Field(
+        default=None,
+        description=(
+            "The most the model directory may hold; the fetch refuses more before it reads a byte. Unset: twice the "
+            "profile's weights plus 64Mi."
+        ),
+    )
+
+
 class Model(Section):
     """What to serve and where it is stored."""
 
@@ -139,13 +191,19 @@ class Model(Section):
         min_length=1, max_length=63, pattern=r"^[a-zA-Z0-9_.-]+$", description="Triton model name (the URL path)."
     )
     storage_uri: str = Field(
-        pattern=r"^(pvc|hostpath|oci)://.+$",
+        pattern=rf"^({'|'.join(STORAGE_SCHEMES)})://.+$",
         description=(
             "Where the model directory (<version>/model.onnx, label files) is stored: pvc://claim/path, "
             "hostpath:///absolute/path (single-node development clusters such as kind; a hostPath volume, which "
-            "the Pod Security Standards baseline and restricted forbid), or oci://image (a model image holding the "
-            "model directory at /model). It is mounted read-only; nothing is written to it."
+            "the Pod Security Standards baseline and restricted forbid), oci://image (a model image holding the "
+            "model directory at /model), s3://bucket/path (see storage) or https://host/model.tar.gz (a tarball of "
+            "the model directory). It is mounted read-only, or fetched into the pod before Triton starts and checked "
+            "against sha256; nothing is written to it."
         ),
+    )
+    storage: ObjectStorage | None = Field(
+        default=None,
+        description="For s3:// and https://: the endpoint, credentials and limits of the fetch; unset: the defaults.",
     )
     profile: Profile = Field(description="Cost of the model as reported by inferop export.")
     weights: str | None = Field(
@@ -155,6 +213,15 @@ class Model(Section):
             "Where the weights came from, as inferop export records it: 'random (seed N)', or a weights file's "
             "name and SHA-256 prefix. Written into the served config (parameter inferop_weights), where "
             "`inferop infer` reads it and says when answers come from random weights."
+        ),
+    )
+    sha256: str | None = Field(
+        default=None,
+        pattern=SHA256_PATTERN,
+        description=(
+            "The model file's SHA-256 (<version>/model.onnx), as inferop export records it. Written into the served "
+            f"config (parameter {MODEL_SHA256_PARAMETER}); a model fetched from object storage is checked against "
+            "it and refused on a mismatch."
         ),
     )
     inputs: list[Tensor] = Field(min_length=1, description="Model inputs.")
@@ -190,7 +257,8 @@ class Model(Section):
         scheme = str(value).partition("://")[0] if "://" in str(value) else ""
         if scheme not in STORAGE_SCHEMES:
             raise ValueError(
-                f"{value!r} has an unknown scheme {scheme!r}: expected pvc://claim/path, hostpath:///path or oci://image"
+                f"{value!r} has an unknown scheme {scheme!r}: expected pvc://claim/path, hostpath:///path, "
+                "oci://image, s3://bucket/path or https://host/model.tar.gz"
             )
         return value
 
@@ -214,7 +282,28 @@ class Model(Section):
             raise ValueError(f"storageUri: the claim name has more than {MAX_NAME_LENGTH} characters")
         if scheme == "hostpath" and not rest.startswith("/"):
             raise ValueError(f"storageUri {self.storage_uri!r}: expected hostpath:///absolute/path")
+        if scheme in OBJECT_STORAGE_SCHEMES:
+            try:
+                parse_object_uri(self.storage_uri)
+            except ObjectUriError as error:
+                raise ValueError(f"storageUri {error}") from None
+        elif self.storage is not None:
+            raise ValueError(f"storage is for s3:// and https:// models; storageUri is {scheme}://")
+        limit = None if self.storage is None else self.storage.max_size
+        if limit is not None and parse_quantity(limit, "storage.maxSize") < 1:
+            raise ValueError(f"storage.maxSize: {limit!r} must be at least one byte")
         return self
+
+    @property
+    def fetched(self) -> bool:
+        """Whether each pod fetches the model before Triton starts (object storage)."""
+        return self.storage_uri.partition("://")[0] in OBJECT_STORAGE_SCHEMES
+
+    def download_limit_bytes(self) -> int:
+        """The fetch's size limit: storage.maxSize, or twice the profile's weights plus 64Mi."""
+        if self.storage is not None and self.storage.max_size is not None:
+            return int(parse_quantity(self.storage.max_size, "storage.maxSize"))
+        return 2 * self.profile.weight_bytes + 64 * 2**20
 
 
 class Runtime(Section):
@@ -592,6 +681,7 @@ class InferenceServiceSpec(Serving):
             inter_op_threads=threads.inter_op,
             weights=self.model.weights,
             processing=self.model.processing,
+            model_sha256=self.model.sha256,
             gpu_memory_limit_bytes=gpu_memory_limit_bytes,
         )
 

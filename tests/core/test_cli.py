@@ -10,10 +10,11 @@ import pytest
 
 from inferop.commands import BENCH, INFER, SERVE
 from inferop_core import cli
-from inferop_core.commands import GROUP, PROVIDERS, Command
+from inferop_core.commands import FETCH, GROUP, PROVIDERS, PUSH, Command
 from inferop_operator.commands import OPERATOR
 
-RUNTIME_ONLY: dict[str, Command] = {"bench": BENCH, "infer": INFER, "serve": SERVE}  # the local runtime's commands
+# The local runtime's commands and the core's own, which come with any install
+RUNTIME_ONLY: dict[str, Command] = {"bench": BENCH, "infer": INFER, "serve": SERVE, "fetch": FETCH, "push": PUSH}
 
 
 def fresh_interpreter(code: str) -> subprocess.CompletedProcess[str]:

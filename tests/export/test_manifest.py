@@ -196,7 +196,7 @@ class TestBuildManifest:
 
     def test_bad_storage_uri_is_refused(self) -> None:
         with pytest.raises(SpecError, match=r"spec\.model\.storageUri"):
-            exported("conv_net", "s3://bucket/conv_net", [BOARD], [VALUE], CONV_NET_PROFILE)
+            exported("conv_net", "gs://bucket/conv_net", [BOARD], [VALUE], CONV_NET_PROFILE)
 
 
 class TestWriteManifest:

@@ -15,7 +15,7 @@ import yaml
 from inferop.paths import repo_root
 from inferop_devtools.cluster.controlplane import KubernetesRelease
 from inferop_devtools.cluster.tools import wait_established
-from inferop_operator.identity import CRD_NAME
+from inferop_operator.identity import CRD_NAME, INSTANCE, label_selector
 from inferop_operator.settings import OperatorSettings
 from tests.helpers import wait_for
 
@@ -159,3 +159,41 @@ def manifest(name: str, **spec: Any) -> str:
 
 def apply_text(kubectl: Kubectl, namespace: str, text: str) -> None:
     kubectl.run("apply", "-n", namespace, "-f", "-", stdin=text)
+
+
+def advice(kubectl: Kubectl, namespace: str, name: str, kind: str, reason: str) -> dict[str, Any] | None:
+    """Condition `kind` of InferenceService `name` when its reason is `reason`, else None (for wait_for)."""
+    found = condition(kubectl.get("infsvc", name, namespace), kind)
+    return found if found and found["reason"] == reason else None
+
+
+def warnings_about(kubectl: Kubectl, namespace: str, name: str, reason: str) -> int:
+    """How many Warnings with `reason` were posted about InferenceService `name` (repeats in place count)."""
+    items = json.loads(kubectl.run("-n", namespace, "get", "events", "-o", "json").stdout)["items"]
+    return sum(
+        int(e.get("count") or 1)
+        for e in items
+        if e["type"] == "Warning"
+        and e["reason"] == reason
+        and e["involvedObject"]["name"] == name
+        and e["involvedObject"]["kind"] == "InferenceService"
+    )
+
+
+def pod_of(kubectl: Kubectl, namespace: str, instance: str) -> str | None:
+    """The name of a pod of InferenceService `instance`, or None."""
+    result = kubectl.run("-n", namespace, "get", "pods", "-l", label_selector({INSTANCE: instance}), "-o", "name")
+    names = result.stdout.split()
+    return names[0].removeprefix("pod/") if names else None
+
+
+def resynced(kubectl: Kubectl, namespace: str, name: str) -> None:
+    """Proof that a resync ran: only a reconcile reverts a manual edit of the ConfigMap (and it touches no pod)."""
+    config_map = f"{name}-config"
+    kubectl.run("-n", namespace, "patch", "configmap", config_map, "--type=merge", "-p", '{"data":{"config.pbtxt":""}}')
+
+    def reverted() -> bool:
+        found = kubectl.get("configmap", config_map, namespace)
+        return found is not None and bool(found["data"]["config.pbtxt"])
+
+    wait_for(reverted, timeout=RESYNC_SECONDS * 5 + 10, what="a resync to revert the ConfigMap")

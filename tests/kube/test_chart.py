@@ -170,6 +170,7 @@ class TestRender:
         assert env == {
             "INFEROP_LOG_FORMAT": "json",
             "INFEROP_TRITON_IMAGE": "nvcr.io/nvidia/tritonserver:25.01-py3",
+            "INFEROP_FETCH_IMAGE": container["image"],  # models in object storage: fetched by this very image
             "INFEROP_RESYNC_SECONDS": "60",
         }
         security = container["securityContext"]

@@ -23,11 +23,15 @@ from tests.kube.helpers import (
     RESYNC_SECONDS,
     Kubectl,
     OperatorRunner,
+    advice,
     apply_text,
     condition,
     env_of,
     manifest,
+    pod_of,
+    resynced,
     runs_pods,
+    warnings_about,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("operator")]
@@ -362,7 +366,7 @@ class TestStatus:
             # Pending until its status says otherwise.
             assert service["status"]["phase"] == "Progressing"
             assert condition(service, "Ready")["reason"] == "ReplicasNotReady"  # type: ignore[index]
-            pod = wait_for(lambda: _pod_of(kubectl, namespace, "ready-check"), what="Pod")
+            pod = wait_for(lambda: pod_of(kubectl, namespace, "ready-check"), what="Pod")
             conditions = [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}]
             patch = json.dumps({"status": {"phase": "Running", "conditions": conditions}})
             kubectl.run("-n", namespace, "patch", "pod", pod, "--subresource=status", "--type=merge", "-p", patch)
@@ -501,10 +505,10 @@ class TestAdvice:
         name = failure.lower()
         apply_text(kubectl, namespace, manifest(name))
         wait_for(lambda: condition(kubectl.get("infsvc", name, namespace), "PodsHealthy"), what="PodsHealthy")
-        pod = wait_for(lambda: _pod_of(kubectl, namespace, name), what="the ReplicaSet's pod")
+        pod = wait_for(lambda: pod_of(kubectl, namespace, name), what="the ReplicaSet's pod")
         memory = kubectl.get("infsvc", name, namespace)["status"]["memory"]  # type: ignore[index]
         assert memory["availableBytes"] == 2**30  # the example's 1Gi limit, above the estimate
-        advice = {
+        expected = {
             "OOMKilled": [
                 f"container triton of pod {pod} was OOM-killed at its memory limit of 1Gi",
                 "set resources.limits",
@@ -513,14 +517,14 @@ class TestAdvice:
         }[failure]
         fail_container(kubectl, kubernetes, namespace, pod, failure)
         found = wait_for(
-            lambda: _advice(kubectl, namespace, name, "PodsHealthy", failure), what=f"PodsHealthy {failure}"
+            lambda: advice(kubectl, namespace, name, "PodsHealthy", failure), what=f"PodsHealthy {failure}"
         )
         assert found["status"] == "False"
-        for words in advice:
+        for words in expected:
             assert words in found["message"], found["message"]
-        _resynced(kubectl, namespace, name)
-        _resynced(kubectl, namespace, name)
-        assert _warnings_about(kubectl, namespace, name, failure) == 1
+        resynced(kubectl, namespace, name)
+        resynced(kubectl, namespace, name)
+        assert warnings_about(kubectl, namespace, name, failure) == 1
 
     def test_an_image_pull_and_a_stuck_rollout_are_explained_once_each(
         self, kubectl: Kubectl, namespace: str, kubernetes: KubernetesRelease
@@ -528,7 +532,7 @@ class TestAdvice:
         name = "advice"
         apply_text(kubectl, namespace, manifest(name))
         wait_for(lambda: condition(kubectl.get("infsvc", name, namespace), "PodsHealthy"), what="PodsHealthy")
-        pod = wait_for(lambda: _pod_of(kubectl, namespace, name), what="the ReplicaSet's pod")
+        pod = wait_for(lambda: pod_of(kubectl, namespace, name), what="the ReplicaSet's pod")
         if runs_pods(kubernetes):  # what the test writes comes after kwok's report, not before it
             wait_for(
                 lambda: (kubectl.get("deployment", name, namespace) or {}).get("status", {}).get("readyReplicas"),
@@ -537,14 +541,14 @@ class TestAdvice:
 
         _set_triton_state(kubectl, namespace, pod, {"waiting": {"reason": "ImagePullBackOff", "message": "x"}}, {})
         found = wait_for(
-            lambda: _advice(kubectl, namespace, name, "PodsHealthy", "ImagePullFailed"), what="PodsHealthy ImagePull"
+            lambda: advice(kubectl, namespace, name, "PodsHealthy", "ImagePullFailed"), what="PodsHealthy ImagePull"
         )
         assert found["status"] == "False"
         for words in ("cannot pull image", "registry is reachable", "imagePullSecrets"):
             assert words in found["message"], found["message"]
-        _resynced(kubectl, namespace, name)
-        _resynced(kubectl, namespace, name)
-        assert _warnings_about(kubectl, namespace, name, "ImagePullFailed") == 1
+        resynced(kubectl, namespace, name)
+        resynced(kubectl, namespace, name)
+        assert warnings_about(kubectl, namespace, name, "ImagePullFailed") == 1
 
         # Meanwhile the rollout passes its deadline (the Deployment controller keeps a timed-out condition as it is
         # while the pod is not ready).
@@ -562,18 +566,18 @@ class TestAdvice:
         patch = json.dumps({"status": {"conditions": [stuck]}})
         kubectl.run("-n", namespace, "patch", "deployment", name, "--subresource=status", "--type=merge", "-p", patch)
         found = wait_for(
-            lambda: _advice(kubectl, namespace, name, "Progressing", "ProgressDeadlineExceeded"),
+            lambda: advice(kubectl, namespace, name, "Progressing", "ProgressDeadlineExceeded"),
             what="Progressing ProgressDeadlineExceeded",
         )
         assert "no progress for 360s" in found["message"] and "timeouts.startupSeconds" in found["message"]
-        _resynced(kubectl, namespace, name)
-        _resynced(kubectl, namespace, name)
-        assert _warnings_about(kubectl, namespace, name, "ProgressDeadlineExceeded") == 1
+        resynced(kubectl, namespace, name)
+        resynced(kubectl, namespace, name)
+        assert warnings_about(kubectl, namespace, name, "ProgressDeadlineExceeded") == 1
 
         # Then the pod recovers: ready, nothing in its last state. The condition clears.
         _set_triton_state(kubectl, namespace, pod, {"running": {}}, {}, ready=True)
         cleared = wait_for(
-            lambda: _advice(kubectl, namespace, name, "PodsHealthy", "NoFailures"), what="PodsHealthy cleared"
+            lambda: advice(kubectl, namespace, name, "PodsHealthy", "NoFailures"), what="PodsHealthy cleared"
         )
         assert cleared["status"] == "True"
 
@@ -582,11 +586,11 @@ class TestAdvice:
     ) -> None:
         name = "oom"
         apply_text(kubectl, namespace, manifest(name))
-        pod = wait_for(lambda: _pod_of(kubectl, namespace, name), what="the ReplicaSet's pod")
+        pod = wait_for(lambda: pod_of(kubectl, namespace, name), what="the ReplicaSet's pod")
         wait_for(lambda: condition(kubectl.get("infsvc", name, namespace), "PodsHealthy"), what="PodsHealthy")
         required = kubectl.get("infsvc", name, namespace)["status"]["memory"]["requiredBytes"]  # type: ignore[index]
         fail_container(kubectl, kubernetes, namespace, pod, "OOMKilled")
-        found = wait_for(lambda: _advice(kubectl, namespace, name, "PodsHealthy", "OOMKilled"), what="OOMKilled")
+        found = wait_for(lambda: advice(kubectl, namespace, name, "PodsHealthy", "OOMKilled"), what="OOMKilled")
         assert f"{format_bytes(2**30 - required)} " in found["message"]
         assert "raise runtime.memoryOverhead" in found["message"]
         assert "set resources.limits.memory to 1280Mi" in found["message"]
@@ -614,36 +618,6 @@ def _set_triton_state(
     conditions = [{"type": kind, "status": str(ready)} for kind in ("Ready", "ContainersReady")]
     patch = json.dumps({"status": {"phase": "Running", "conditions": conditions, "containerStatuses": [status]}})
     kubectl.run("-n", namespace, "patch", "pod", pod, "--subresource=status", "--type=merge", "-p", patch)
-
-
-def _advice(kubectl: Kubectl, namespace: str, name: str, kind: str, reason: str) -> dict[str, Any] | None:
-    found = condition(kubectl.get("infsvc", name, namespace), kind)
-    return found if found and found["reason"] == reason else None
-
-
-def _resynced(kubectl: Kubectl, namespace: str, name: str) -> None:
-    """Proof that a resync ran: only a reconcile reverts a manual edit of the ConfigMap (and it touches no pod)."""
-    config_map = f"{name}-config"
-    kubectl.run("-n", namespace, "patch", "configmap", config_map, "--type=merge", "-p", '{"data":{"config.pbtxt":""}}')
-
-    def reverted() -> bool:
-        found = kubectl.get("configmap", config_map, namespace)
-        return found is not None and bool(found["data"]["config.pbtxt"])
-
-    wait_for(reverted, timeout=RESYNC_SECONDS * 5 + 10, what="a resync to revert the ConfigMap")
-
-
-def _warnings_about(kubectl: Kubectl, namespace: str, name: str, reason: str) -> int:
-    """How many Warnings with `reason` were posted about InferenceService `name` (repeats in place count)."""
-    items = json.loads(kubectl.run("-n", namespace, "get", "events", "-o", "json").stdout)["items"]
-    return sum(
-        int(e.get("count") or 1)
-        for e in items
-        if e["type"] == "Warning"
-        and e["reason"] == reason
-        and e["involvedObject"]["name"] == name
-        and e["involvedObject"]["kind"] == "InferenceService"
-    )
 
 
 class TestNetworkPolicy:
@@ -705,12 +679,6 @@ def _handler_failures(caplog: pytest.LogCaptureFixture, namespace: str, name: st
 def _events(kubectl: Kubectl, namespace: str, reason: str) -> list[dict[str, Any]]:
     items = json.loads(kubectl.run("-n", namespace, "get", "events", "-o", "json").stdout)["items"]
     return [e for e in items if e.get("reason") == reason or (reason == "Warning" and e.get("type") == "Warning")]
-
-
-def _pod_of(kubectl: Kubectl, namespace: str, instance: str) -> str | None:
-    result = kubectl.run("-n", namespace, "get", "pods", "-l", label_selector({INSTANCE: instance}), "-o", "name")
-    names = result.stdout.split()
-    return names[0].removeprefix("pod/") if names else None
 
 
 class TestPodSecurity:

@@ -255,7 +255,7 @@ class TestSchema:
     def test_enums_and_patterns(self, spec_schema: dict[str, Any]) -> None:
         found = dict(properties(spec_schema))
         assert found["spec.autoscaling.metric"]["enum"] == ["cpu", "queueTime", "pendingRequests"]
-        assert found["spec.model.storageUri"]["pattern"] == "^(pvc|hostpath|oci)://.+$"
+        assert found["spec.model.storageUri"]["pattern"] == "^(pvc|hostpath|oci|s3|https|http)://.+$"
         assert found["spec.gpu.memory"]["x-kubernetes-int-or-string"] is True
         limits = found["spec.resources.limits"]["additionalProperties"]
         assert limits["x-kubernetes-int-or-string"] is True

@@ -47,6 +47,8 @@ from tests import specs
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "operator" / "examples"
 IMAGE = "nvcr.io/nvidia/tritonserver:24.08-py3"
+FETCH_IMAGE = "ghcr.io/acme/inferop-operator:0.1.0"
+DIGEST = "ab" * 32
 UID = "7d5c6a1e-0000-4000-8000-000000000001"
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -68,7 +70,17 @@ def example(name: str) -> dict[str, Any]:
 
 def make_service(raw: dict[str, Any], name: str = "conv-net", uid: str = UID) -> Service:
     spec = parse_spec(raw)
-    return Service(name=name, namespace="models", uid=uid, spec=spec, plan=plan_service(spec), image=IMAGE)
+    return Service(
+        name=name, namespace="models", uid=uid, spec=spec, plan=plan_service(spec), image=IMAGE, fetch_image=FETCH_IMAGE
+    )
+
+
+def in_s3(**storage: Any) -> dict[str, Any]:
+    raw = with_storage("s3://models/team/conv_net")
+    raw["model"]["sha256"] = DIGEST
+    if storage:
+        raw["model"]["storage"] = storage
+    return raw
 
 
 # Specs a user would write: the examples, a GPU service, a model image, scaling on Triton's metrics.
@@ -82,6 +94,7 @@ SPECS = {
         instances=2,
     ),
     "oci": with_storage("oci://ghcr.io/acme/conv-net-model:1"),
+    "s3": in_s3(endpoint="http://minio.storage:9000", credentialsSecret="model-store"),
     "queue time autoscaling": raw_spec(
         autoscaling={"minReplicas": 2, "maxReplicas": 5, "metric": "queueTime", "target": 200}
     ),
@@ -394,6 +407,63 @@ class TestStorage:
         assert fetch["volumeMounts"] == [{"name": "model-source", "mountPath": MODEL_SOURCE, "readOnly": False}]
         source_mount = next(m for m in triton_container(deployment)["volumeMounts"] if m["name"] == "model-source")
         assert source_mount["readOnly"] is True
+
+    def test_object_storage_fetched_by_inferop_fetch_with_the_spec_s_digest_and_limits(self) -> None:
+        raw = in_s3(endpoint="http://minio.storage:9000/", region="eu-1", credentialsSecret="model-store", attempts=3)
+        service = make_service(raw)
+        deployment = build_deployment(service)
+        pod = deployment["spec"]["template"]["spec"]
+        limit = service.spec.model.download_limit_bytes()
+        assert limit == 2 * service.spec.model.profile.weight_bytes + 64 * 2**20
+        assert next(v for v in pod["volumes"] if v["name"] == "model-source") == {
+            "name": "model-source",
+            "emptyDir": {"sizeLimit": str(2 * limit)},  # a new fetch is staged beside the last
+        }
+        assert [c["name"] for c in pod["initContainers"]] == ["fetch-model", "layout-model"]
+        fetch = init_container(deployment, "fetch-model")
+        assert (fetch["image"], fetch["command"]) == (FETCH_IMAGE, ["inferop"])
+        assert fetch["args"] == [
+            "fetch", "s3://models/team/conv_net", "/fetch/model", "--sha256", DIGEST,
+            "--endpoint", "http://minio.storage:9000", "--region", "eu-1", "--addressing", "auto",
+            "--download-timeout", "300", "--attempts", "3", "--max-size", str(limit),
+            "--termination-log", "/dev/termination-log",
+        ]  # fmt: skip
+        assert fetch["volumeMounts"] == [
+            {"name": "model-source", "mountPath": "/fetch"},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ]
+        for container in (init_container(deployment, "layout-model"), triton_container(deployment)):
+            mount = next(m for m in container["volumeMounts"] if m["name"] == "model-source")
+            assert mount == {"name": "model-source", "mountPath": MODEL_SOURCE, "readOnly": True, "subPath": "model"}
+        assert deployment["spec"]["progressDeadlineSeconds"] == service.spec.timeouts.startup_seconds + 300 + 300
+
+    def test_credentials_are_references_to_the_user_s_secret_never_values(self) -> None:
+        fetch = init_container(build_deployment(make_service(in_s3(credentialsSecret="model-store"))), "fetch-model")
+        assert [(e["name"], e["valueFrom"]["secretKeyRef"]) for e in fetch["env"]] == [
+            ("AWS_ACCESS_KEY_ID", {"name": "model-store", "key": "AWS_ACCESS_KEY_ID", "optional": False}),
+            ("AWS_SECRET_ACCESS_KEY", {"name": "model-store", "key": "AWS_SECRET_ACCESS_KEY", "optional": False}),
+            ("AWS_SESSION_TOKEN", {"name": "model-store", "key": "AWS_SESSION_TOKEN", "optional": True}),
+        ]
+        assert all(set(e) == {"name", "valueFrom"} for e in fetch["env"])  # no value of its own
+        anonymous = init_container(build_deployment(make_service(in_s3())), "fetch-model")
+        assert anonymous["env"] == []
+        assert "--endpoint" not in anonymous["args"]  # AWS by region
+
+    def test_a_stated_size_limit_and_an_https_tarball(self) -> None:
+        raw = in_s3(maxSize="1Gi", downloadTimeoutSeconds=60)
+        raw["model"]["storageUri"] = "https://example.com/models/conv_net.tar.gz"
+        deployment = build_deployment(make_service(raw))
+        args = init_container(deployment, "fetch-model")["args"]
+        assert args[1] == "https://example.com/models/conv_net.tar.gz"
+        assert args[args.index("--max-size") + 1] == str(2**30)
+        assert args[args.index("--download-timeout") + 1] == "60"
+
+    def test_a_fetched_model_without_a_digest_is_served_with_a_warning(self) -> None:
+        raw = in_s3()
+        del raw["model"]["sha256"]
+        (warning,) = [w for w in make_service(raw).plan.warnings if "sha256" in w]
+        assert "model fetched from s3://models/team/conv_net is served unchecked" in warning
+        assert not [w for w in make_service(in_s3()).plan.warnings if "sha256" in w]
 
     @pytest.mark.parametrize("uri", ["pvc://models/x", "hostpath:///models/x"])
     def test_no_fetch_for_mounted_storage(self, uri: str) -> None:

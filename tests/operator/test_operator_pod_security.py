@@ -137,13 +137,22 @@ def pod_template(storage_uri: str, **sections: Any) -> dict[str, Any]:
     raw = specs.raw_spec(**sections)
     raw["model"]["storageUri"] = storage_uri
     spec = parse_spec(raw)
-    service = Service(name="conv-net", namespace="models", uid="uid-1", spec=spec, plan=plan_service(spec), image="t")
+    service = Service(
+        name="conv-net", namespace="models", uid="uid-1", spec=spec, plan=plan_service(spec), image="t", fetch_image="f"
+    )
     return dict(build_deployment(service)["spec"]["template"])
 
 
 class TestRestricted:
     @pytest.mark.parametrize(
-        "storage_uri", ["pvc://models/conv-net", "pvc://models", "oci://ghcr.io/acme/conv-net-model:1"]
+        "storage_uri",
+        [
+            "pvc://models/conv-net",
+            "pvc://models",
+            "oci://ghcr.io/acme/conv-net-model:1",
+            "s3://models/conv_net",
+            "https://example.com/conv_net.tar.gz",
+        ],
     )
     @pytest.mark.parametrize(
         "sections",
@@ -152,7 +161,7 @@ class TestRestricted:
     )
     def test_pvc_and_oci_pods_comply(self, storage_uri: str, sections: dict[str, Any]) -> None:
         template = pod_template(storage_uri, **sections)
-        assert len(template["spec"]["initContainers"]) == (2 if storage_uri.startswith("oci://") else 1)
+        assert len(template["spec"]["initContainers"]) == (1 if storage_uri.startswith("pvc://") else 2)
         assert restricted_violations(template) == []
 
     def test_hostpath_pods_break_it_with_their_hostpath_volume_and_nothing_else(self) -> None:

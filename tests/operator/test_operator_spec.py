@@ -101,7 +101,15 @@ class TestDefaults:
         assert parse_spec(raw_spec(resources=resources)).uses_gpu is uses_gpu
 
     @pytest.mark.parametrize(
-        "uri", ["pvc://models", "pvc://models/inception_v3", "hostpath:///m", "oci://ghcr.io/x/m:1"]
+        "uri",
+        [
+            "pvc://models",
+            "pvc://models/inception_v3",
+            "hostpath:///m",
+            "oci://ghcr.io/x/m:1",
+            "s3://models/team/inception_v3",
+            "https://example.com/inception_v3.tar.gz",
+        ],
     )
     def test_every_storage_scheme_is_accepted(self, uri: str) -> None:
         assert parse_spec(with_model(storageUri=uri)).model.storage_uri == uri
@@ -109,11 +117,25 @@ class TestDefaults:
 
 class TestErrors:
     def test_unknown_storage_scheme_names_it_and_the_allowed_ones(self) -> None:
-        message = spec_error(with_model(storageUri="s3://bucket/conv_net"))
+        message = spec_error(with_model(storageUri="gs://bucket/conv_net"))
         assert message.startswith("spec.model.storageUri: ")
-        assert "'s3'" in message
-        for allowed in ("pvc://", "hostpath://", "oci://"):
+        assert "'gs'" in message
+        for allowed in ("pvc://", "hostpath://", "oci://", "s3://", "https://"):
             assert allowed in message
+
+    @pytest.mark.parametrize(
+        ("model", "named"),
+        [
+            ({"storageUri": "s3://Models/x"}, "storageUri 's3://Models/x': bucket 'Models' must be"),
+            ({"storageUri": "https://example.com/models/x/"}, "must be a tarball"),
+            ({"storageUri": "pvc://models", "storage": {"attempts": 2}}, "storage is for s3:// and https:// models"),
+            ({"storageUri": "s3://models/x", "storage": {"maxSize": "0"}}, "storage.maxSize: '0' must be at least"),
+            ({"storageUri": "s3://models/x", "storage": {"endpoint": "minio:9000"}}, "spec.model.storage.endpoint"),
+            ({"storageUri": "s3://models/x", "sha256": "ABC"}, "spec.model.sha256"),
+        ],
+    )
+    def test_object_storage_mistakes_name_the_field(self, model: dict[str, Any], named: str) -> None:
+        assert named in spec_error(with_model(**model))
 
     @pytest.mark.parametrize("uri", ["pvc:///models/conv_net", "pvc://Models/x", "pvc://-claim"])
     def test_pvc_without_a_claim_name(self, uri: str) -> None:

@@ -609,6 +609,18 @@ CRASH = {"terminated": {"reason": "Error", "exitCode": 1, "message": "failed to 
 BACK_OFF = {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}}
 
 
+def fetch_status(message: str, reason: str = "Error", code: int = 1) -> dict[str, Any]:
+    """The fetch init container's status after a failed fetch, as the kubelet reports it (restarting it)."""
+    ended = {"reason": reason, "exitCode": code, **({"message": message} if message else {})}
+    return {
+        "name": "fetch-model",
+        "image": "i",
+        "ready": False,
+        "state": {"running": {}},
+        "lastState": {"terminated": ended},
+    }
+
+
 def healthy(pods: list[dict[str, Any]], memory_bytes: int = 800 * MI) -> Any:
     return pods_condition([pod_facts(p) for p in pods], MemoryStatus(required_bytes=memory_bytes))
 
@@ -662,6 +674,45 @@ class TestPodsHealthy:
         )
         assert "of pod a was OOM-killed" in found.message
         assert found.message.endswith("(1 more container(s) likewise)")
+
+    @pytest.mark.parametrize(
+        ("written", "reason"),
+        [
+            ("DigestMismatch: s3://models/conv_net/1/model.onnx: SHA-256 aa, but the model was exported as bb: the",
+             "ModelDigestMismatch"),
+            ("AccessDenied: s3://models/conv_net: the server refused the credentials (SignatureDoesNotMatch)",
+             "ModelAccessDenied"),
+            ("BucketNotFound: s3://models/conv_net: bucket 'models' does not exist", "ModelBucketNotFound"),
+            ("DownloadTimeout: s3://models/conv_net: not complete within 300 s", "ModelDownloadTimeout"),
+        ],
+    )  # fmt: skip
+    def test_a_failed_fetch_is_its_own_reason_with_the_fetch_s_words(self, written: str, reason: str) -> None:
+        """The fetch's last words (its termination log) name the reason; the message keeps the object and digests."""
+        failing = pod(ready=False)
+        failing["status"]["initContainerStatuses"].insert(0, fetch_status(written))
+        found = healthy([failing])
+        assert (found.status, found.reason) == ("False", reason)
+        said = written.partition(": ")[2]
+        assert found.message == f"container fetch-model of pod conv-net-abc-1 could not fetch the model: {said}"
+
+    def test_a_fetch_killed_without_last_words_is_still_named(self) -> None:
+        failing = pod(ready=False)
+        failing["status"]["initContainerStatuses"].insert(0, fetch_status("", reason="Error", code=137))
+        found = healthy([failing])
+        assert found.reason == "ModelFetchFailed"
+        assert "exited with code 137 (Error): no termination message" in found.message
+        assert "kubectl logs -c fetch-model" in found.message
+
+    def test_a_missing_credentials_secret_is_named_with_what_it_must_hold(self) -> None:
+        failing = pod(ready=False)
+        waiting = {"reason": "CreateContainerConfigError", "message": 'secret "model-store" not found'}
+        failing["status"]["initContainerStatuses"].insert(
+            0, {"name": "fetch-model", "image": "i", "ready": False, "state": {"waiting": waiting}}
+        )
+        found = healthy([failing])
+        assert (found.status, found.reason) == ("False", "ContainerConfigError")
+        assert 'secret "model-store" not found' in found.message
+        assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in found.message
 
     def test_an_image_pull_comes_before_a_crash(self) -> None:
         found = healthy(

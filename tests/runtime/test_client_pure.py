@@ -23,6 +23,7 @@ from inferop.client import (
 )
 from inferop_core.processing import Processing
 from inferop_core.tritonconfig import ServingConfig, TensorSpec, build_model_config, random_weights
+from tests.helpers import TINY_BOARD
 
 # What Inception declares: torchvision's ImageNet preprocessing.
 IMAGENET = Processing(
@@ -83,28 +84,18 @@ class TestPreprocessImage:
             preprocess_image(path, 299, IMAGENET)
 
 
-BOARD = [
-    [0, 1, -1, 0, 0],
-    [1, 1, 0, 0, -1],
-    [0, 0, 0, 0, 0],
-    [-1, 0, 1, 0, 0],
-    [0, 0, 0, 0, 1],
-    [1, -1, 0, 0, 0],
-]
-
-
 class TestLoadBoard:
     def test_from_text_rows(self, tmp_path: Path) -> None:
         path = tmp_path / "board.txt"
-        path.write_text("\n".join(" ".join(str(c) for c in row) for row in BOARD) + "\n")
+        path.write_text("\n".join(" ".join(str(c) for c in row) for row in TINY_BOARD) + "\n")
         board = load_board(path, [1, 6, 5], seed=0)
         assert board.dtype == np.float32
-        np.testing.assert_array_equal(board, np.array(BOARD, dtype=np.float32)[None])
+        np.testing.assert_array_equal(board, np.array(TINY_BOARD, dtype=np.float32)[None])
 
     def test_from_npy(self, tmp_path: Path) -> None:
         path = tmp_path / "board.npy"
-        np.save(path, np.array(BOARD, dtype=np.int64))
-        np.testing.assert_array_equal(load_board(path, [1, 6, 5], seed=0), np.array(BOARD, dtype=np.float32)[None])
+        np.save(path, np.array(TINY_BOARD, dtype=np.int64))
+        np.testing.assert_array_equal(load_board(path, [1, 6, 5], seed=0), np.array(TINY_BOARD, dtype=np.float32)[None])
 
     def test_random_board_is_seeded_and_holds_stones(self) -> None:
         board = load_board(None, [1, 6, 5], seed=4)

@@ -30,7 +30,7 @@ from inferop.limits import (
     parse_cpu_list,
     parse_mounts,
 )
-from tests.helpers import EXPORT_EXTRA, SERVE_EXTRA, SERVING, TINY, wait_for
+from tests.helpers import EXPORT_EXTRA, SERVE_EXTRA, SERVING, TINY, stopped_by_sigterm, wait_for
 
 MiB = 2**20
 CGROUPS = cgroup_unavailable_reason()
@@ -458,7 +458,7 @@ class TestServerInAPod:
         command += ["--http-port", str(free_port()), "--cpus", "1", "--memory", "1Gi", "--cpuset", str(max(AVAILABLE))]
         with open(output, "wb") as sink:
             cli = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        try:
+        with stopped_by_sigterm(cli, output):
 
             def announced() -> re.Match[str] | None:
                 if cli.poll() is not None:
@@ -469,12 +469,6 @@ class TestServerInAPod:
             assert shown.group(1) == f"cpus=1 (CFS quota), cpuset={max(AVAILABLE)}, memory=1Gi"
             cgroups = [Path(path) for path in shown.group(3).split(", ")]
             assert all((path / "cgroup.procs").read_text().split() for path in cgroups)
-            cli.send_signal(signal.SIGTERM)
-            assert cli.wait(timeout=60) == 0, output.read_text()
-        finally:
-            if cli.poll() is None:
-                cli.kill()
-                cli.wait()
         assert re.search(
             r"^pod usage: peak memory \S+Mi of 1Gi, 0 OOM kills, CPU throttled in \d+ of \d+ periods",
             output.read_text(),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import SERVE_EXTRA, ExportedRepo, wait_for
+from tests.helpers import SERVE_EXTRA, ExportedRepo, stopped_by_sigterm, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +72,7 @@ class TestServe:
         port = free_port()
         output = tmp_path / "serve.out"
         cli = serve(model_repo.path, port, output)
-        try:
+        with stopped_by_sigterm(cli, output):
 
             def announced() -> re.Match[str] | None:
                 if cli.poll() is not None:
@@ -94,12 +93,6 @@ class TestServe:
             server_pid = int(servers[0].split()[0])
             assert len(group_members(server_pid)) == 3  # the server leads its own process group
 
-            cli.send_signal(signal.SIGTERM)
-            assert cli.wait(timeout=60) == 0, output.read_text()
-        finally:
-            if cli.poll() is None:
-                cli.kill()
-                cli.wait()
         assert "stopping tritonserver" in output.read_text()
         assert processes(workdir) == []
         assert group_members(server_pid) == []

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.helpers import SERVING, ExportedRepo, RunningServer, wait_for
+from inferop_core.objectstore import sha256_file
+from tests.helpers import SERVING, TINY_BOARD, ExportedRepo, RunningServer, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -142,6 +143,7 @@ class TestModelsAndConfig:
             "enable_mem_pattern": {"string_value": "0"},
             "inferop_weights": {"string_value": "random (seed 0)"},  # read by `inferop infer`, ignored by the backend
             "inferop_processing": {"string_value": served.processing.to_parameter()},  # read by `inferop infer` too
+            "inferop_model_sha256": {"string_value": sha256_file(Path(model_repo.reports[model].model_path))},
         }
         assert sorted(int(w["batch_size"]) for w in config["model_warmup"]) == [1, served.max_batch_size]
 
@@ -353,16 +355,7 @@ class TestInferCommand:
         assert "model 'conv_net' declares policyValue processing: --input does not apply to it" in result.stderr
 
     def test_plays_a_board(self, triton: RunningServer, onnxruntime_reference: Any, tmp_path: Path) -> None:
-        board = np.array(
-            [
-                [0, 1, -1, 0, 0],
-                [1, 1, 0, 0, -1],
-                [0, 0, 0, 0, 0],
-                [-1, 0, 1, 0, 0],
-                [0, 0, 0, 0, 1],
-                [1, -1, 0, 0, 0],
-            ]
-        )
+        board = np.array(TINY_BOARD)
         path = tmp_path / "board.txt"
         np.savetxt(path, board, fmt="%d")
         result = infer_command(triton, "--model", "conv_net", "--board", str(path), "--json")

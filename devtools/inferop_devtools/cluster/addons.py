@@ -61,17 +61,24 @@ def addon_binaries(build: bool = False) -> Path:
 
 
 class Daemon:
-    """A background process in its own session, its output in a log file; stopped with its process group."""
+    """A background process in its own session, its output in a log file; stopped with its process group. `env`
+    replaces the environment it inherits."""
 
-    def __init__(self, argv: Sequence[str], log_path: Path) -> None:
+    def __init__(self, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None) -> None:
         self.argv = list(argv)
         self.log_path = log_path
+        self.env = None if env is None else dict(env)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with self.log_path.open("wb") as log_file:
             self.process = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=self.env,
             )
 
     def check(self) -> None:

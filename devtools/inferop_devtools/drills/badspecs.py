@@ -89,7 +89,8 @@ QUANTITY_FIELDS = [
 ]
 BAD_QUANTITIES = ["1.5.3", "-1", "1e400", "Gi", "", "2Gb", "lots", "0x10", "1 Gi", "-2Gi"]
 BAD_URIS = [
-    "s3://bucket/model", "http://models.example/m", "gs://b/m", "ftp://x/y", "file:///models/m", "pvc://", "models/m",
+    "s3://Bucket/model", "s3://ab/m", "s3://models/../m", "http://models.example/m", "gs://b/m", "ftp://x/y",
+    "file:///models/m", "pvc://", "models/m",
     "pvc://my claim/path", "pvc://Claim_Name/x", "hostpath://relative/path", "pvc://claim\x00/x",
     "pvc://" + "a" * 5000, "", "oci://", "hostpath://",
 ]  # fmt: skip
