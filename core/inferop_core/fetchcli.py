@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from inferop_core.objectstore import StorageError, fetch
-from inferop_core.quantity import format_bytes
 from inferop_core.storagecli import (
     StorageArgumentError,
     add_endpoint_arguments,
@@ -49,10 +48,5 @@ def run(args: argparse.Namespace) -> int:
             args.termination_log.write_text(error.with_reason())
         print(f"inferop fetch: {error.with_reason()}", file=sys.stderr)
         return 1
-    checked = ", ".join(f"{name} sha256 {digest[:16]}" for name, digest in fetched.digests.items()) or "no digest"
-    print(
-        f"fetched {args.uri}: {len(fetched.files)} files, {format_bytes(fetched.bytes)} in {fetched.seconds:.1f} s "
-        f"into {fetched.destination} (checked: {checked})",
-        file=sys.stderr,
-    )
+    print(fetched.summary(args.uri), file=sys.stderr)
     return 0

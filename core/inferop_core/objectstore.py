@@ -36,6 +36,7 @@ from minio.credentials import EnvAWSProvider
 from minio.error import S3Error
 
 from inferop_core.errors import InferopError
+from inferop_core.quantity import format_bytes
 from inferop_core.tritonconfig import MODEL_FILENAME, MODEL_SHA256_PARAMETER, parse_model_config
 
 OBJECT_SCHEMES = ("s3", "https", "http")
@@ -154,6 +155,14 @@ class Fetched:
     bytes: int = 0
     seconds: float = 0.0
     digests: dict[str, str] = field(default_factory=dict)  # model file -> the SHA-256 checked
+
+    def summary(self, uri: str) -> str:
+        """One line for a person: what came, how fast, and which digests were checked."""
+        checked = ", ".join(f"{name} sha256 {digest[:16]}" for name, digest in self.digests.items())
+        return (
+            f"fetched {uri}: {len(self.files)} files, {format_bytes(self.bytes)} in {self.seconds:.1f} s into "
+            f"{self.destination} (digests checked: {checked or 'none recorded'})"
+        )
 
 
 def sha256_file(path: Path) -> str:

@@ -15,7 +15,6 @@ from inferop.serving.localrepo import RepositoryError
 from inferop.serving.tritonserver import ServerError, TritonServer
 from inferop_core import scheduling
 from inferop_core.objectstore import StorageError, fetch, is_object_uri
-from inferop_core.quantity import format_bytes
 from inferop_core.storagecli import add_endpoint_arguments, add_limit_arguments, endpoint_from, limits_from
 
 
@@ -63,12 +62,7 @@ def run(args: argparse.Namespace) -> int:
             except StorageError as error:
                 print(f"error: {error.with_reason()}", file=sys.stderr)
                 return 1
-            checked = ", ".join(f"{name} sha256 {digest[:16]}" for name, digest in done.digests.items())
-            print(
-                f"fetched {args.repo}: {format_bytes(done.bytes)} in {done.seconds:.1f} s (digests checked: "
-                f"{checked or 'none recorded'})",
-                file=sys.stderr,
-            )
+            print(done.summary(args.repo), file=sys.stderr)
             return serve(args, fetched, limits)
         return serve(args, Path(args.repo), limits)
 

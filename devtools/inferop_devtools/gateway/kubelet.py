@@ -154,7 +154,7 @@ def run_init_container(
         directory.mkdir(parents=True, exist_ok=True)
     termination = workdir / f"{container['name']}.termination-log"
     termination.unlink(missing_ok=True)
-    places = {**{mount: str(folder) for mount, folder in mount_binds(container, volume_dirs).items()}}
+    places = {mount: str(folder) for mount, folder in mount_binds(container, volume_dirs).items()}
     places[TERMINATION_LOG] = str(termination)
 
     def mapped(argument: str) -> str:
