@@ -16,6 +16,19 @@ from inferop_operator.plan import MEMORY_MARGIN, memory_limit
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff"})
 # A container the kubelet cannot create from its spec: most often a Secret or ConfigMap it references is missing.
 CONFIG_ERROR_REASONS = frozenset({"CreateContainerConfigError"})
+# Where in the InferenceService each failed fetch is fixed: the fetch's advice speaks of the object store, this
+# names the field.
+FETCH_FIELDS = {
+    "BucketNotFound": "spec.model.storageUri (spec.model.storage.endpoint for an S3-compatible server)",
+    "ObjectNotFound": "spec.model.storageUri",
+    "AccessDenied": "the Secret spec.model.storage.credentialsSecret names",
+    "EndpointUnreachable": "spec.model.storage.endpoint",
+    "DigestMismatch": "spec.model.sha256, or the object",
+    "DownloadTimeout": "spec.model.storage.downloadTimeoutSeconds",
+    "TooLarge": "spec.model.storage.maxSize",
+    "ServerError": "the storage server (spec.model.storage.endpoint)",
+    "NotAModel": "spec.model.storageUri",
+}
 
 
 def pod_facts(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -101,7 +114,7 @@ def fetch_failure(ended: Mapping[str, Any]) -> tuple[str, str]:
     words = str(ended.get("message") or "").strip()
     reason, _, message = words.partition(": ")
     if reason in ADVICE and message:
-        return f"Model{reason}", message
+        return f"Model{reason}", f"{message} (to change: {FETCH_FIELDS[reason]})"
     said = words or "no termination message"
     return "ModelFetchFailed", (
         f"it exited with code {ended.get('exitCode')} ({ended.get('reason') or 'no reason'}): {said}; "

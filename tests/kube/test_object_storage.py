@@ -6,8 +6,10 @@ object stops the pod, and the status names the object and both digests, with one
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +31,15 @@ SECRET = "model-store"
 INFEROP = Path(sys.executable).with_name("inferop")
 
 
-def in_storage(name: str, exported_tiny: ExportedRepo, uri: str, endpoint: str) -> str:
+def in_storage(
+    name: str, exported_tiny: ExportedRepo, uri: str, endpoint: str, attempts: int = 2, timeout_seconds: int = 30
+) -> str:
     """The manifest export writes for the tiny conv net, its model in object storage behind the Secret SECRET."""
     from inferop_export.manifest import build_manifest
 
     found = build_manifest(exported_tiny.reports["conv_net"].spec, name)
-    found["spec"]["model"] |= {
-        "storageUri": uri,
-        "storage": {"endpoint": endpoint, "credentialsSecret": SECRET, "attempts": 2, "downloadTimeoutSeconds": 30},
-    }
+    storage = {"endpoint": endpoint, "credentialsSecret": SECRET, "attempts": attempts}
+    found["spec"]["model"] |= {"storageUri": uri, "storage": storage | {"downloadTimeoutSeconds": timeout_seconds}}
     return yaml.safe_dump(found)
 
 
@@ -143,3 +145,61 @@ def test_a_changed_object_stops_the_pod_with_both_digests_in_the_status(
     resynced(kubectl, namespace, "changed")
     resynced(kubectl, namespace, "changed")
     assert warnings_about(kubectl, namespace, "changed", "ModelDigestMismatch") == 1
+
+
+@pytest.fixture(scope="module")
+def silent_endpoint() -> Iterator[str]:
+    """An endpoint that takes connections and never answers (a server stuck mid-request)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)  # the kernel completes each handshake; nothing reads or writes
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def closed_endpoint() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"  # closed again: connections are refused
+
+
+# Each way a fetch fails but the digest (tested above): the URI ("pushed": the pushed model), the endpoint, whether the
+# Secret holds a wrong secret key, and words the condition's message must hold.
+FAILURES = {
+    "ModelBucketNotFound": ("s3://no-such-bucket/repo/conv_net", "s3", False, "create the bucket"),
+    "ModelObjectNotFound": (f"s3://{MODEL_BUCKET}/no-such-prefix/conv_net", "s3", False, "inferop push"),
+    "ModelAccessDenied": ("pushed", "s3", True, "spec.model.storage.credentialsSecret"),
+    "ModelEndpointUnreachable": ("pushed", "closed", False, "spec.model.storage.endpoint"),
+    "ModelDownloadTimeout": ("pushed", "silent", False, "spec.model.storage.downloadTimeoutSeconds"),
+}
+
+
+@pytest.mark.parametrize("reason", FAILURES)
+def test_each_failed_fetch_becomes_its_condition_with_advice_and_one_warning(
+    reason: str,
+    kubectl: Kubectl,
+    namespace: str,
+    kubernetes: KubernetesRelease,
+    s3: Any,
+    pushed: str,
+    silent_endpoint: str,
+    exported_tiny: ExportedRepo,
+    tmp_path: Path,
+) -> None:
+    where, server, wrong_key, words = FAILURES[reason]
+    uri = f"{pushed}/conv_net" if where == "pushed" else where
+    endpoint = {"s3": s3.url, "closed": closed_endpoint(), "silent": silent_endpoint}[server]
+    credentials = s3.credentials() | ({"AWS_SECRET_ACCESS_KEY": "not-the-key"} if wrong_key else {})
+    with_secret(kubectl, namespace, credentials)
+    # One attempt and the shortest deadline the spec admits, so that the unreachable and silent endpoints fail
+    # within seconds.
+    apply_text(kubectl, namespace, in_storage("failing", exported_tiny, uri, endpoint, attempts=1, timeout_seconds=5))
+
+    status = play_fetch(kubectl, namespace, "failing", tmp_path, kubernetes)
+    assert status["lastState"]["terminated"]["exitCode"] == 1
+    found = wait_for(lambda: advice(kubectl, namespace, "failing", "PodsHealthy", reason), what=f"PodsHealthy {reason}")
+    assert found["status"] == "False"
+    assert f"container {FETCH_CONTAINER} of pod" in found["message"], found["message"]
+    assert words in found["message"], found["message"]
+    assert s3.secret_key not in found["message"]
+    resynced(kubectl, namespace, "failing")
+    assert warnings_about(kubectl, namespace, "failing", reason) == 1

@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 
 from inferop_core.memory import CONTAINER_RUNTIME
+from inferop_core.objectstore import ADVICE
 from inferop_core.quantity import format_bytes
 from inferop_operator.builders import Service, build_deployment
-from inferop_operator.diagnosis import pod_facts
+from inferop_operator.diagnosis import FETCH_FIELDS, pod_facts
 from inferop_operator.kubeapi import ApiFailure
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
@@ -676,24 +677,35 @@ class TestPodsHealthy:
         assert found.message.endswith("(1 more container(s) likewise)")
 
     @pytest.mark.parametrize(
-        ("written", "reason"),
+        ("written", "reason", "field"),
         [
             ("DigestMismatch: s3://models/conv_net/1/model.onnx: SHA-256 aa, but the model was exported as bb: the",
-             "ModelDigestMismatch"),
+             "ModelDigestMismatch", "spec.model.sha256"),
             ("AccessDenied: s3://models/conv_net: the server refused the credentials (SignatureDoesNotMatch)",
-             "ModelAccessDenied"),
-            ("BucketNotFound: s3://models/conv_net: bucket 'models' does not exist", "ModelBucketNotFound"),
-            ("DownloadTimeout: s3://models/conv_net: not complete within 300 s", "ModelDownloadTimeout"),
+             "ModelAccessDenied", "spec.model.storage.credentialsSecret"),
+            ("BucketNotFound: s3://models/conv_net: bucket 'models' does not exist", "ModelBucketNotFound",
+             "spec.model.storageUri"),
+            ("DownloadTimeout: s3://models/conv_net: not complete within 300 s", "ModelDownloadTimeout",
+             "spec.model.storage.downloadTimeoutSeconds"),
         ],
     )  # fmt: skip
-    def test_a_failed_fetch_is_its_own_reason_with_the_fetch_s_words(self, written: str, reason: str) -> None:
-        """The fetch's last words (its termination log) name the reason; the message keeps the object and digests."""
+    def test_a_failed_fetch_is_its_own_reason_with_the_fetch_s_words(
+        self, written: str, reason: str, field: str
+    ) -> None:
+        """The fetch's last words (its termination log) name the reason; the message keeps the object and digests,
+        and names the field of the spec that changes it."""
         failing = pod(ready=False)
         failing["status"]["initContainerStatuses"].insert(0, fetch_status(written))
         found = healthy([failing])
         assert (found.status, found.reason) == ("False", reason)
         said = written.partition(": ")[2]
-        assert found.message == f"container fetch-model of pod conv-net-abc-1 could not fetch the model: {said}"
+        assert found.message.startswith(
+            f"container fetch-model of pod conv-net-abc-1 could not fetch the model: {said}"
+        )
+        assert found.message.endswith(")") and field in found.message.rpartition("(to change: ")[2]
+
+    def test_every_fetch_failure_names_a_field_to_change(self) -> None:
+        assert set(FETCH_FIELDS) == set(ADVICE)
 
     def test_a_fetch_killed_without_last_words_is_still_named(self) -> None:
         failing = pod(ready=False)
