@@ -1,8 +1,9 @@
 """`inferop bench`: latency and throughput of a Triton model against concurrency, or under offered load.
 
 Each level runs `concurrency` closed-loop callers for a fixed time with binary tensors and reports what a
-caller sees (throughput, latency percentiles, errors) beside what Triton saw (queue and compute time per
-request, and the batch size the dynamic batcher formed), from the differences of Triton's statistics.
+caller sees (throughput, latency percentiles, requests a full queue rejected, errors) beside what Triton saw
+(queue and compute time per request, and the batch size the dynamic batcher formed), from the differences of
+Triton's statistics.
 Closed-loop callers wait for answers and so never overload the server; `--rate` offers load open-loop
 instead (`inferop.openloop`): requests at a fixed or Poisson rate, whatever the server does with them.
 """
@@ -24,7 +25,7 @@ import numpy as np
 
 from inferop.client import InferError, ModelInfo, TensorInfo, call, connect, describe, sample_inputs
 from inferop.limits import describe_usage, parse_cpu_list, read_pod_usage
-from inferop.openloop import MAX_RATE
+from inferop.openloop import MAX_RATE, classify
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 class LevelResult:
     concurrency: int
     requests: int
-    errors: int
+    rejected: int  # answered at once by a full queue: the queue bound at work, by design
+    errors: int  # every other failure
     seconds: float
     throughput: float  # samples per second
     p50_ms: float
@@ -103,6 +105,7 @@ def run_level(
 
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     errors: list[list[str]] = [[] for _ in range(concurrency)]
+    rejected = [0] * concurrency
     stop_at = time.monotonic() + seconds
     start_gate = threading.Barrier(concurrency + 1)
 
@@ -120,7 +123,10 @@ def run_level(
                 client.infer(info.name, requests, outputs=outputs)
                 latencies[index].append(time.perf_counter() - begin)
             except Exception as error:  # every failure is counted and the first one reported
-                errors[index].append(str(error)[:200])
+                if rejected_by_full_queue(error):
+                    rejected[index] += 1
+                else:
+                    errors[index].append(str(error)[:200])
         client.close()
 
     admin = connect(url, timeout)
@@ -142,6 +148,7 @@ def run_level(
     return LevelResult(
         concurrency=concurrency,
         requests=len(flat),
+        rejected=sum(rejected),
         errors=len(failures),
         seconds=round(elapsed, 3),
         throughput=len(flat) * samples / elapsed,
@@ -153,6 +160,24 @@ def run_level(
         mean_batch=delta["mean_batch"],
         first_error=failures[0] if failures else None,
     )
+
+
+def rejected_by_full_queue(error: Exception) -> bool:
+    """Triton's 503 for a full queue, as tritonclient raises it (the status as a method)."""
+    status = getattr(error, "status", None)
+    code = status() if callable(status) else None
+    return str(code) == "503" and classify(503, str(error)) == "rejected"
+
+
+def served_queue_bound(url: str, model: str, timeout: float = 60.0) -> int | None:
+    """The served config's queue bound (dynamic_batching's max_queue_size); None: unbounded."""
+    client = connect(url, timeout)
+    try:
+        config = call(client.get_model_config, model, what=f"model {model!r}")
+    finally:
+        client.close()
+    policy = (config.get("dynamic_batching") or {}).get("default_queue_policy") or {}
+    return int(policy.get("max_queue_size") or 0) or None
 
 
 def sweep(
@@ -167,16 +192,22 @@ def sweep(
 
 def format_table(model: str, batch: int, results: list[LevelResult]) -> str:
     header = f"{model} (batch {batch} per request)\n" + (
-        f"{'conc':>5} {'samples/s':>10} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'errors':>6} "
+        f"{'conc':>5} {'samples/s':>10} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'rejected':>8} {'errors':>6} "
         f"{'queue ms':>9} {'compute ms':>10} {'batch':>6}"
     )
     rows = [
-        f"{r.concurrency:>5} {r.throughput:>10.1f} {r.p50_ms:>8.1f} {r.p90_ms:>8.1f} {r.p99_ms:>8.1f} {r.errors:>6} "
-        f"{r.queue_ms:>9.1f} {r.compute_ms:>10.1f} {r.mean_batch:>6.2f}"
+        f"{r.concurrency:>5} {r.throughput:>10.1f} {r.p50_ms:>8.1f} {r.p90_ms:>8.1f} {r.p99_ms:>8.1f} {r.rejected:>8} "
+        f"{r.errors:>6} {r.queue_ms:>9.1f} {r.compute_ms:>10.1f} {r.mean_batch:>6.2f}"
         for r in results
     ]
+    notes = []
+    if any(r.rejected for r in results):
+        notes.append(
+            "  rejected: answered at once with 503 by a full queue, the bound the config sets (batching.maxQueueSize): "
+            "callers beyond what the server answers in time are turned away fast, by design, instead of waiting"
+        )
     failures = [f"  concurrency {r.concurrency}: first error: {r.first_error}" for r in results if r.first_error]
-    return "\n".join([header, *rows, *failures])
+    return "\n".join([header, *rows, *notes, *failures])
 
 
 def plot(model: str, results: list[LevelResult], path: Path) -> None:

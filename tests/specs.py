@@ -1,9 +1,13 @@
-"""The smallest valid InferenceService spec, shared by the operator's unit tests."""
+"""The smallest valid InferenceService spec, shared by the operator's unit tests, and the shipped examples."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
+
+# The InferenceService manifests shipped with the operator: valid, refused and invalid ones.
+EXAMPLES = Path(__file__).resolve().parents[1] / "operator" / "examples"
 
 MODEL: dict[str, Any] = {
     "name": "conv_net",

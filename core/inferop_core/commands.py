@@ -48,6 +48,7 @@ PROVIDERS: dict[str, Provider] = {
     "infer": Provider("inferop", "."),
     "bench": Provider("inferop", "."),
     "operator": Provider("inferop-operator", "./operator"),
+    "plan": Provider("inferop-operator", "./operator"),
     "export": Provider("inferop-export", "./export"),
     "tune": Provider("inferop-export", "./export"),
     "cluster": Provider("inferop-devtools", "./devtools"),

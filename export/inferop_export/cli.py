@@ -31,13 +31,11 @@ class ServingFlag:
     path: tuple[str, ...]  # the field's camelCase path in the spec
     section: type[Any]  # the spec model that owns the field, for its description and default
     field: str
-    convert: Callable[[int], Any] = lambda value: value
-    unit: str = ""
+    kind: Callable[[str], Any] = int  # what argparse parses the value as: the spec field's own type and unit
 
     def help(self) -> str:
         info = self.section.model_fields[self.field]
-        default = info.default
-        shown = "derived" if default is None else f"{round(default * 1000)}" if self.unit == "ms" else str(default)
+        shown = "derived" if info.default is None else f"{info.default:g}"
         return f"{info.description} (spec.{'.'.join(self.path)}; default: {shown})"
 
 
@@ -50,9 +48,7 @@ SERVING_FLAGS = (
         "--max-queue-delay-us", ("batching", "maxQueueDelayMicroseconds"), Batching, "max_queue_delay_microseconds"
     ),
     ServingFlag("--max-queue-size", ("batching", "maxQueueSize"), Batching, "max_queue_size"),
-    ServingFlag(
-        "--request-timeout-ms", ("timeouts", "requestSeconds"), Timeouts, "request_seconds", lambda ms: ms / 1000, "ms"
-    ),
+    ServingFlag("--request-timeout-seconds", ("timeouts", "requestSeconds"), Timeouts, "request_seconds", float),
 )
 
 
@@ -167,7 +163,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
     serving = parser.add_argument_group("serving settings (the InferenceService spec's fields and defaults)")
     for flag in SERVING_FLAGS:
-        serving.add_argument(flag.flag, type=int, help=flag.help())
+        serving.add_argument(flag.flag, type=flag.kind, help=flag.help())
     serving.add_argument(
         "--gpu-memory",
         metavar="QUANTITY",
@@ -186,7 +182,7 @@ def serving_settings(args: argparse.Namespace) -> dict[str, Any]:
             target = settings
             for section in sections:
                 target = target.setdefault(section, {})
-            target[leaf] = flag.convert(value)
+            target[leaf] = value
     return settings
 
 

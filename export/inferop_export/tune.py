@@ -337,10 +337,11 @@ class TritonTrials:
             throughput=level.throughput,
             p50_ms=level.p50_ms,
             p99_ms=level.p99_ms,
-            errors=level.errors,
+            # A request a full queue turned away fails the trial as much as an error: the load is the one to serve.
+            errors=level.errors + level.rejected,
             mean_batch=level.mean_batch,
             seconds=time.monotonic() - began,
-            first_error=level.first_error,
+            first_error=level.first_error or (f"{level.rejected} rejected by a full queue" if level.rejected else None),
         )
 
 

@@ -22,6 +22,7 @@ from inferop_operator.identity import (
     CANDIDATE_SUFFIX,
     CONFIG_HASH_ANNOTATION,
     FETCH_CONTAINER,
+    GATEWAY_GROUP,
     KIND,
     TRITON_CONTAINER,
     Track,
@@ -591,9 +592,6 @@ def build_network_policy(service: Service) -> dict[str, Any]:
             "ingress": ingress,
         },
     }
-
-
-GATEWAY_GROUP = "gateway.networking.k8s.io"
 
 
 def build_http_route(service: Service, api_version: str) -> dict[str, Any]:

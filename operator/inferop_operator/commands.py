@@ -1,5 +1,6 @@
-"""The command this distribution registers in the entry-point group `inferop.commands` (see `inferop_core.commands`)."""
+"""The commands this distribution registers in the entry-point group `inferop.commands` (`inferop_core.commands`)."""
 
 from inferop_core.commands import Command
 
 OPERATOR = Command("inferop_operator.cli", "run the InferenceService operator")
+PLAN = Command("inferop_operator.plancli", "what the operator decides for an InferenceService, offline")

@@ -17,7 +17,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from inferop_core.errors import InferopError
-from inferop_operator.builders import CHILDREN, GATEWAY_GROUP, Service, routing_for
+from inferop_operator.builders import CHILDREN, Service, routing_for
 from inferop_operator.diagnosis import pod_facts
 from inferop_operator.identity import (
     API_VERSION,
@@ -27,12 +27,13 @@ from inferop_operator.identity import (
     KIND,
     MANAGED,
     PLURAL,
+    ROUTE_API,
     TRITON_PODS_SELECTOR,
     VERSION,
     label_selector,
 )
 from inferop_operator.kubeapi import ApiFailure, KubeApi, load_client
-from inferop_operator.plan import Plan, Refusal, plan_service
+from inferop_operator.plan import Plan, Refusal, check_routing, plan_service
 from inferop_operator.progress import deployment_summary, observe
 from inferop_operator.rollout import (
     CANDIDATE_PHASES,
@@ -67,7 +68,6 @@ UNREACHABLE_RETRY = 2.0
 # Seconds before a service whose Gateway does not exist is tried again (someone may create it), doubled on each
 # retry up to GATEWAY_RETRY_MAX.
 GATEWAY_RETRY, GATEWAY_RETRY_MAX = 5.0, 60.0
-ROUTE_API = f"{GATEWAY_GROUP}/v1"
 _memo_guard = threading.Lock()  # creates each object's lock once
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -327,26 +327,8 @@ def routing_mode(spec: InferenceServiceSpec, namespace: str) -> tuple[str, Gatew
     matches and mirroring need a gateway: without one they are refused, saying what to install."""
     wanted = spec.gateway or operator_settings().gateway()
     served = wanted is not None and api().serves(ROUTE_API, "httproutes")
-    rollout = spec.rollout
+    check_routing(spec, wanted, served)
     if wanted is None or not served:
-        needs = [
-            field
-            for field, value in (("header", rollout and rollout.header), ("shadow", rollout and rollout.shadow))
-            if value
-        ]
-        if needs:
-            fields = " and ".join(f"spec.rollout.{field}" for field in needs)
-            why = (
-                "no gateway is named (spec.gateway, or the operator's default gateway)"
-                if wanted is None
-                else (f"Gateway API ({ROUTE_API} httproutes) is not served by this cluster")
-            )
-            raise Refusal(
-                "Rollout",
-                "NeedsGateway",
-                f"{fields} need a Gateway API implementation routing to the service, and {why}: install Gateway "
-                "API's CRDs and an implementation (e.g. Envoy Gateway), create a Gateway and name it in spec.gateway",
-            )
         warning = None
         if spec.gateway is not None:
             warning = (

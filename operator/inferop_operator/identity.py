@@ -23,6 +23,9 @@ KIND = "InferenceService"
 PLURAL = "inferenceservices"
 SHORT_NAME = "infsvc"
 CRD_NAME = f"{PLURAL}.{GROUP}"
+# Gateway API, which routes a service's callers when a Gateway is named: its group and the HTTPRoute's version.
+GATEWAY_GROUP = "gateway.networking.k8s.io"
+ROUTE_API = f"{GATEWAY_GROUP}/v1"
 
 INSTANCE = "app.kubernetes.io/instance"  # the InferenceService a child belongs to, by name
 COMPONENT = "app.kubernetes.io/component"

@@ -25,7 +25,8 @@ from inferop_core.memory import (
 from inferop_core.quantity import format_bytes, parse_quantity
 from inferop_core.threads import OversubscribedError, ThreadPlan, check_budget, plan_threads
 from inferop_core.tritonconfig import ServingConfig
-from inferop_operator.spec import InferenceServiceSpec
+from inferop_operator.identity import ROUTE_API
+from inferop_operator.spec import GatewayRef, InferenceServiceSpec
 
 # A memory limit sized from the peak estimate gets this share on top, the estimate's stated accuracy: export writes
 # manifests with it, and the OOMKilled advice suggests limits with it.
@@ -136,6 +137,28 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
 
     serving = spec.serving_config(threads, queue.size, gpu_memory_limit(spec, memory, costs))
     return Plan(serving=serving, threads=threads, cpu_source=cpu_source, queue=queue, memory=memory, warnings=warnings)
+
+
+def check_routing(spec: InferenceServiceSpec, gateway: GatewayRef | None, served: bool) -> None:
+    """Refuse header matches and mirroring without a gateway (`gateway`, the spec's or the operator's default, where
+    Gateway API is `served`): only a gateway routes by header or mirrors requests."""
+    rollout = spec.rollout
+    if rollout is None or (gateway is not None and served):
+        return
+    needs = [field for field, value in (("header", rollout.header), ("shadow", rollout.shadow)) if value]
+    if needs:
+        fields = " and ".join(f"spec.rollout.{field}" for field in needs)
+        why = (
+            "no gateway is named (spec.gateway, or the operator's default gateway)"
+            if gateway is None
+            else (f"Gateway API ({ROUTE_API} httproutes) is not served by this cluster")
+        )
+        raise Refusal(
+            "Rollout",
+            "NeedsGateway",
+            f"{fields} need a Gateway API implementation routing to the service, and {why}: install Gateway "
+            "API's CRDs and an implementation (e.g. Envoy Gateway), create a Gateway and name it in spec.gateway",
+        )
 
 
 def gpu_memory_limit(spec: InferenceServiceSpec, memory: MemoryFit, costs: RuntimeCosts) -> int | None:

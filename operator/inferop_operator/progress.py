@@ -10,8 +10,8 @@ from typing import Any
 
 from inferop_operator.agreement import AgreementError, compare_revisions
 from inferop_operator.analysis import PrometheusUnreachable, track_window
-from inferop_operator.builders import GATEWAY_GROUP, HTTP_PORT, Service
-from inferop_operator.identity import COMPONENTS, Track
+from inferop_operator.builders import HTTP_PORT, Service
+from inferop_operator.identity import COMPONENTS, ROUTE_API, Track
 from inferop_operator.kubeapi import KubeApi
 from inferop_operator.rollout import (
     AnalysisStatus,
@@ -26,7 +26,6 @@ from inferop_operator.rollout import (
 from inferop_operator.spec import InferenceServiceSpec
 
 log = logging.getLogger(__name__)
-ROUTE_API_VERSION = f"{GATEWAY_GROUP}/v1"
 
 
 def rolled_out(deployment: Mapping[str, Any] | None, replicas: int | None = None) -> bool:
@@ -126,7 +125,7 @@ def _traffic_settled(
     candidate: Mapping[str, Any] | None,
 ) -> bool:
     if split == "gateway":
-        return route_settled(kube.get(ROUTE_API_VERSION, "HTTPRoute", service.namespace, service.name))
+        return route_settled(kube.get(ROUTE_API, "HTTPRoute", service.namespace, service.name))
     routing = service.routing
     stable_count = routing.stable_replicas if routing.stable_replicas is not None else None
     return rolled_out(stable, stable_count) and rolled_out(candidate, routing.candidate_replicas)

@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError
 
 from inferop_operator.builders import CHILDREN, Service, selector_labels
 from inferop_operator.diagnosis import diagnose
+from inferop_operator.plan import Plan
 from inferop_operator.rollout import Reported, RolloutStatus
 
 if TYPE_CHECKING:  # the status stays free of the Kubernetes client; it only reads a failure's fields
@@ -225,10 +226,9 @@ def refused_status(condition_type: str, reason: str, message: str, generation: i
     )
 
 
-def plan_status(service: Service) -> Status:
+def plan_figures(plan: Plan) -> Status:
     """The effective numbers a user needs to trust the deployment (threads, queue bound, memory estimate), and the
-    plan's warnings."""
-    plan = service.plan
+    plan's warnings: what the plan alone decides, which `inferop plan` shows without a cluster."""
     threads, memory = plan.threads, plan.memory
     return Status(
         threads=ThreadsStatus(
@@ -248,9 +248,14 @@ def plan_status(service: Service) -> Status:
             required_bytes=memory.required_bytes,
             available_bytes=int(memory.available_bytes) if memory.available_bytes is not None else None,
         ),
-        selector=",".join(f"{k}={v}" for k, v in selector_labels(service).items()),
         warnings=list(plan.warnings),
     )
+
+
+def plan_status(service: Service) -> Status:
+    """The plan's figures and the pods' selector."""
+    selector = ",".join(f"{k}={v}" for k, v in selector_labels(service).items())
+    return plan_figures(service.plan).model_copy(update={"selector": selector})
 
 
 def new_warnings(previous: Status, current: Status) -> list[str]:
@@ -276,7 +281,7 @@ def deployed_status(
             "observed_generation": generation,
             "rollout": rollout,
             "conditions": [
-                *plan_conditions(service),
+                *plan_conditions(service.plan),
                 condition("ChildrenApplied", True, "Applied", f"{applied} applied"),
                 *rollout_conditions(rollout),
             ],
@@ -440,12 +445,12 @@ def children(service: Service) -> list[tuple[str, str]]:
     return [(child.kind, child.name(service)) for child in CHILDREN if child.wanted(service)]
 
 
-def plan_conditions(service: Service) -> list[Condition]:
+def plan_conditions(plan: Plan) -> list[Condition]:
     """The checks a planned spec passed: valid, within its thread budget, and its memory fit (or unchecked)."""
-    memory = service.plan.memory
+    memory = plan.memory
     return [
         condition("Valid", True, "SpecValid", "the spec is valid"),
-        condition("ThreadBudget", True, "WithinBudget", service.plan.threads.explain()),
+        condition("ThreadBudget", True, "WithinBudget", plan.threads.explain()),
         condition("MemoryFit", True, "Fits", memory.explain())
         if memory.available_bytes is not None
         else condition("MemoryFit", None, "NotChecked", memory.explain()),
@@ -468,7 +473,11 @@ def children_failed_status(service: Service, failure: ApiFailure, generation: in
             "conditions": merge_conditions(
                 previous.conditions,
                 with_ready(
-                    [*plan_conditions(service), condition("ChildrenApplied", False, failure.reason, message), *observed]
+                    [
+                        *plan_conditions(service.plan),
+                        condition("ChildrenApplied", False, failure.reason, message),
+                        *observed,
+                    ]
                 ),
             ),
         }

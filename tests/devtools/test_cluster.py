@@ -8,6 +8,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from inferop_devtools.cluster.addons import LocalNode
 from inferop_devtools.cluster.controlplane import (
     FRONT_PROXY_CLIENT,
     KUBERNETES_1_20,
@@ -314,10 +316,31 @@ def cli(*args: str, bin_dir: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
 
 
+def ready_replicas(kubeconfig: Path) -> int | None:
+    """Apply a one-pod Deployment and wait briefly for it: its ready replicas, as `kubectl get` shows them."""
+    api = config.new_client_from_config(config_file=str(kubeconfig))
+    apps: Any = client.AppsV1Api(api)
+    labels = {"app": "web"}
+    pod = {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}}
+    apps.create_namespaced_deployment(
+        "default",
+        {"metadata": {"name": "web"}, "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": pod}},
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ready: int | None = apps.read_namespaced_deployment("web", "default").status.ready_replicas
+        if ready:
+            return ready
+        time.sleep(0.5)
+    return None
+
+
 @pytest.mark.integration
 def test_cli_up_is_idempotent_and_down_leaves_no_process(
     release: KubernetesRelease, bin_dir: Path, tmp_path: Path
 ) -> None:
+    """`up` gives a cluster where a Deployment's pod becomes Ready (a fake node played by kwok) on a release with a
+    scheduler, and says that pods stay Pending on one without; `down` stops everything it started."""
     state_dir = tmp_path / "cluster"
     up = ("up", "--state-dir", str(state_dir), "--kubernetes", release.name)
     try:
@@ -326,10 +349,18 @@ def test_cli_up_is_idempotent_and_down_leaves_no_process(
         assert first.stdout == f"export KUBECONFIG={state_dir / 'kubeconfig'}\n"
         pids = ControlPlane(state_dir).pids()
         assert set(pids) == set(release.components)
+        node = LocalNode(state_dir).recorded()
+        if release.schedules_pods:
+            assert f"node {LocalNode.NAME} Ready" in first.stderr
+            assert node is not None
+            assert ready_replicas(state_dir / "kubeconfig") == 1
+        else:
+            assert "pods stay Pending" in first.stderr and node is None
 
         again = cli(*up, bin_dir=bin_dir)
         assert again.stdout == first.stdout
         assert ControlPlane(state_dir).pids() == pids
+        assert LocalNode(state_dir).recorded() == node  # the same kwok
 
         other = next(candidate.name for candidate in RELEASES if candidate != release)
         clash = cli("up", "--state-dir", str(state_dir), "--kubernetes", other, bin_dir=bin_dir)
@@ -341,13 +372,32 @@ def test_cli_up_is_idempotent_and_down_leaves_no_process(
         assert status.returncode == 0, status.stdout + status.stderr
         assert f"release:    {release.name}\n" in status.stdout
         assert f"kubernetes: v{release.name}." in status.stdout
+        said = f"kwok:                    pid {node['pid']} running" if node else "node:       none"
+        assert said in status.stdout
 
         assert cli("down", "--state-dir", str(state_dir), bin_dir=bin_dir).returncode == 0
         executables = {name: str(bin_dir / name) for name in pids}
+        if node is not None:
+            pids, executables = pids | {"kwok": node["pid"]}, executables | {"kwok": node["executable"]}
         assert not [name for name, pid in pids.items() if process_running(pid, executables[name])]
         assert not state_dir.exists()
         assert cli("status", "--state-dir", str(state_dir), bin_dir=bin_dir).returncode == 1
         assert cli("down", "--state-dir", str(state_dir), bin_dir=bin_dir).returncode == 0
+    finally:
+        LocalNode(state_dir).down()
+        ControlPlane(state_dir).down()
+
+
+@pytest.mark.integration
+def test_cli_up_without_a_node_leaves_pods_pending(tmp_path: Path) -> None:
+    release = KUBERNETES_1_37  # the release that gets a node
+    state_dir = tmp_path / "cluster"
+    bin_dir = kube_binaries(build=False, release=release)
+    try:
+        result = cli("up", "--state-dir", str(state_dir), "--kubernetes", release.name, "--no-node", bin_dir=bin_dir)
+        assert result.returncode == 0, result.stderr
+        assert "no node (--no-node): pods stay Pending" in result.stderr
+        assert LocalNode(state_dir).recorded() is None
     finally:
         ControlPlane(state_dir).down()
 

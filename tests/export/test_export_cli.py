@@ -142,3 +142,18 @@ def test_a_bad_gpu_memory_names_the_field(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "gpu.memory" in result.stderr and "lots" in result.stderr
     assert not (tmp_path / "repo").exists()  # refused before anything was written
+
+
+def test_each_serving_flag_takes_its_spec_field_s_own_unit() -> None:
+    """`--request-timeout-seconds 2.5` is timeouts.requestSeconds 2.5, as the spec states it; help shows the default
+    in that unit."""
+    import argparse
+
+    from inferop_export.cli import add_arguments, serving_settings
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["conv_net", "--request-timeout-seconds", "2.5", "--max-queue-size", "16"])
+    assert serving_settings(args) == {"timeouts": {"requestSeconds": 2.5}, "batching": {"maxQueueSize": 16}}
+    help_text = parser._subparsers._group_actions[0].choices["conv_net"].format_help()  # type: ignore[union-attr]
+    assert "(spec.timeouts.requestSeconds; default: 10)" in " ".join(help_text.split())

@@ -18,10 +18,10 @@ from inferop_devtools.cluster.tools import wait_established
 from inferop_operator.identity import CRD_NAME, INSTANCE, label_selector
 from inferop_operator.settings import OperatorSettings
 from tests.helpers import wait_for
+from tests.specs import EXAMPLES
 
 REPO = repo_root()
 CRD_DIR = REPO / "charts" / "inferop" / "crds"
-EXAMPLES = REPO / "operator" / "examples"
 RESYNC_SECONDS = 2
 # The HPA the operator writes, as each release serves it (asserted, not assumed): 1.20 serves autoscaling/v2beta2
 # only (v2 came in 1.23), the current release v2 only (v2beta2 went in 1.26).
@@ -111,7 +111,7 @@ def wait_reconciled(kubectl: Kubectl, process: subprocess.Popen[bytes], log: Pat
 
 def runs_pods(kubernetes: KubernetesRelease) -> bool:
     """Whether Pods run on this release's test cluster (kwok), or stay Pending (1.20)."""
-    return "kube-scheduler" in kubernetes.components
+    return kubernetes.schedules_pods
 
 
 class OperatorRunner:

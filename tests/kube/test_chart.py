@@ -18,9 +18,9 @@ import yaml
 
 from inferop_devtools.cluster.controlplane import ControlPlane, KubernetesRelease
 from inferop_devtools.cluster.tools import kube_tools
-from inferop_operator.builders import CHILDREN, GATEWAY_GROUP
+from inferop_operator.builders import CHILDREN
 from inferop_operator.cli import STOP_BOUND_SECONDS
-from inferop_operator.identity import CRD_NAME, GROUP, PLURAL
+from inferop_operator.identity import CRD_NAME, GATEWAY_GROUP, GROUP, PLURAL
 from tests.helpers import wait_for
 from tests.kube.helpers import REPO, Kubectl, runs_pods
 from tests.operator.test_operator_pod_security import restricted_violations

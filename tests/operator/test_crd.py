@@ -20,9 +20,9 @@ from inferop_operator.plan import plan_service
 from inferop_operator.rollout import AgreementStatus, AnalysisStatus, OutputAgreement, RolloutStatus, TrackFigures
 from inferop_operator.spec import SpecError, parse_spec
 from inferop_operator.status import Status, deployed_status
+from tests.specs import EXAMPLES
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "operator" / "examples"
 CHART_CRDS = ROOT / "charts" / "inferop" / "crds"
 
 

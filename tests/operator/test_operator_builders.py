@@ -44,8 +44,8 @@ from inferop_operator.plan import plan_service
 from inferop_operator.rollout import RolloutStatus, Traffic
 from inferop_operator.spec import GatewayRef, SpecError, parse_spec
 from tests import specs
+from tests.specs import EXAMPLES
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "operator" / "examples"
 IMAGE = "nvcr.io/nvidia/tritonserver:24.08-py3"
 FETCH_IMAGE = "ghcr.io/acme/inferop-operator:0.1.0"
 DIGEST = "ab" * 32

@@ -16,8 +16,8 @@ from inferop_core.tritonconfig import parse_model_config, render_model_config
 from inferop_operator.plan import Plan, Refusal, plan_service
 from inferop_operator.settings import OperatorSettings
 from inferop_operator.spec import parse_spec
+from tests.specs import EXAMPLES
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "operator" / "examples"
 MI = 2**20
 BOARD_IO_BYTES = (1 * 8 * 7 + 7 + 1) * 4  # board in, policy and value out: FP32
 BOARD_INPUT_BYTES = 1 * 8 * 7 * 4

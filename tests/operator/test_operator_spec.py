@@ -10,9 +10,7 @@ import yaml
 
 from inferop_operator.identity import API_VERSION
 from inferop_operator.spec import InferenceServiceSpec, SpecError, parse_spec
-from tests.specs import MODEL, raw_spec
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "operator" / "examples"
+from tests.specs import EXAMPLES, MODEL, raw_spec
 
 
 def with_model(**fields: Any) -> dict[str, Any]:

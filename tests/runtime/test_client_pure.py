@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inferop.bench import LevelResult, build_figure, percentiles, statistics_delta
+from inferop.bench import LevelResult, build_figure, format_table, percentiles, rejected_by_full_queue, statistics_delta
 from inferop.client import (
     BOARD_CAVEAT,
     LABELS_CAVEAT,
@@ -231,10 +231,11 @@ class TestWeightsNote:
         )
 
 
-def level(concurrency: int, throughput: float, p99_ms: float) -> LevelResult:
+def level(concurrency: int, throughput: float, p99_ms: float, rejected: int = 0) -> LevelResult:
     return LevelResult(
         concurrency=concurrency,
         requests=100,
+        rejected=rejected,
         errors=0,
         seconds=3.0,
         throughput=throughput,
@@ -267,3 +268,27 @@ class TestBenchPlot:
         path = tmp_path / "bench.png"
         plot("inception_v3", FLAT_SWEEP, path)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class TestRejections:
+    """A full queue's 503 is the bound at work: counted apart from errors, and said so where it happened."""
+
+    @pytest.mark.parametrize(
+        ("message", "status", "rejected"),
+        [
+            ("[request id: <id_unknown>] Exceeds maximum queue size", "503", True),
+            ("Request timeout expired", "503", False),
+            ("Exceeds maximum queue size", "400", False),
+        ],
+    )
+    def test_only_a_full_queue_s_503_is_a_rejection(self, message: str, status: str, rejected: bool) -> None:
+        from tritonclient.utils import InferenceServerException
+
+        assert rejected_by_full_queue(InferenceServerException(msg=message, status=status)) is rejected
+        assert not rejected_by_full_queue(ConnectionResetError(message))
+
+    def test_the_table_says_what_a_rejection_is(self) -> None:
+        assert "by design" not in format_table("m", 1, [level(1, 10.0, 5.0)])
+        table = format_table("m", 1, [level(1, 10.0, 5.0), level(16, 10.0, 50.0, rejected=40)])
+        assert table.splitlines()[3].split()[5] == "40"  # the rejected column
+        assert "rejected: answered at once with 503 by a full queue" in table and "by design" in table

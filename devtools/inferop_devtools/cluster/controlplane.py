@@ -88,6 +88,12 @@ class KubernetesRelease:
     helm_install_flags: tuple[str, ...] = ()
 
     @property
+    def schedules_pods(self) -> bool:
+        """Whether pods get a node: a kube-scheduler places them (on kwok's fake nodes); without one they stay
+        Pending."""
+        return "kube-scheduler" in self.components
+
+    @property
     def how_to_get_binaries(self) -> str:
         """What to run when the binaries are missing, for error messages."""
         envtest = ", or honours $KUBEBUILDER_ASSETS" if self.honours_kubebuilder_assets else ""
