@@ -31,10 +31,12 @@ DISTRIBUTIONS := core/pyproject.toml pyproject.toml operator/pyproject.toml expo
 $(STAMP): $(DISTRIBUTIONS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/pip install --quiet -e ./core -e '.[serve,dev]' -e ./operator -e ./export -e ./devtools
+	# -qq: errors only. Each editable build's notice ("Please be careful with folders in your working directory...",
+	# ten lines for each of the five) goes; a failed build still prints its error and the backend's own output.
+	$(BIN)/pip install -qq -e ./core -e '.[serve,dev]' -e ./operator -e ./export -e ./devtools
 	# A venv made when the root distribution owned the `inferop` script: replacing that distribution removed the
 	# script the core had just written, so the core writes it again.
-	test -x $(BIN)/inferop || $(BIN)/pip install --quiet --no-deps --force-reinstall -e ./core
+	test -x $(BIN)/inferop || $(BIN)/pip install -qq --no-deps --force-reinstall -e ./core
 	# onnxruntime and onnxruntime-gpu install one `onnxruntime` module: a venv made before the serve extra took
 	# onnxruntime-gpu keeps only that one, reinstalled over the files the other overwrote.
 	if $(BIN)/pip show --quiet onnxruntime-gpu 2>/dev/null && $(BIN)/pip show --quiet onnxruntime 2>/dev/null; then \
