@@ -18,6 +18,7 @@ from typing import Any
 
 from inferop_core.errors import InferopError
 from inferop_core.processing import Processing
+from inferop_core.storagecli import add_endpoint_arguments, endpoint_from
 from inferop_export.data import FORMS
 from inferop_export.precision import GATE_KEYS, PRECISIONS
 from inferop_operator.spec import Batching, Serving, Threads, Timeouts
@@ -158,9 +159,21 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--manifest", type=Path, help="also write a ready-to-apply InferenceService to this file")
     parser.add_argument(
         "--storage-uri",
-        help="the manifest's model.storageUri (pvc://claim/path, hostpath:///path, oci://image); "
-        "default: hostpath:// of the exported model directory",
+        help="the manifest's model.storageUri (pvc://claim/path, hostpath:///path, oci://image, s3://bucket/path, "
+        "https://host/model.tar.gz); default: hostpath:// of the exported model directory",
     )
+    parser.add_argument(
+        "--upload",
+        action="store_true",
+        help="push the exported model directory to --storage-uri (s3://) once it passed its checks, as inferop push",
+    )
+    parser.add_argument(
+        "--credentials-secret",
+        metavar="SECRET",
+        help="the manifest's model.storage.credentialsSecret: the Secret in the service's namespace that holds "
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for an s3:// storage URI",
+    )
+    add_endpoint_arguments(parser)  # --endpoint, --region, --addressing: for --upload and model.storage
     serving = parser.add_argument_group("serving settings (the InferenceService spec's fields and defaults)")
     for flag in SERVING_FLAGS:
         serving.add_argument(flag.flag, type=flag.kind, help=flag.help())
@@ -249,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
     from inferop_operator.spec import parse_serving
 
     try:
+        storage = object_storage(args)
         serving = parse_serving(serving_settings(args))
         report = export_model(
             build_source(args),
@@ -257,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             quiet=args.json,
             storage_uri=args.storage_uri,
+            storage=storage,
             precision=args.precision,
             gpu_memory=args.gpu_memory,
             data=UserData(args.calibration, args.validation, tuple(args.gate)),
@@ -269,6 +284,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
+    if args.upload:
+        from inferop_core.objectstore import StorageError, push
+
+        try:
+            written = push(args.repo / report.spec.model.name, args.storage_uri, endpoint_from(args))
+        except StorageError as error:
+            print(f"error: --upload: {error.with_reason()}", file=sys.stderr)
+            return 1
+        print(f"uploaded {len(written)} objects to {args.storage_uri}", file=sys.stderr)
     if args.manifest:
         from inferop_export.manifest import write_manifest
 
@@ -282,6 +306,34 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_report(report.as_dict()))
     return 0
+
+
+# model.storage's fields that export's options set, and the options.
+STORAGE_OPTIONS = {
+    "endpoint": "--endpoint",
+    "region": "--region",
+    "addressing": "--addressing",
+    "credentialsSecret": "--credentials-secret",
+}
+
+
+def object_storage(args: argparse.Namespace) -> dict[str, Any] | None:
+    """model.storage for the manifest, from the endpoint options and --credentials-secret where the storage URI is
+    s3:// (checked before anything is exported); --upload needs an s3:// URI."""
+    s3 = (args.storage_uri or "").startswith("s3://")
+    if args.upload and not s3:
+        raise InferopError(f"--upload needs --storage-uri s3://bucket/path, got {args.storage_uri!r}")
+    given = {
+        "endpoint": args.endpoint,
+        "region": args.region,
+        "addressing": None if args.addressing == "auto" else args.addressing,
+        "credentialsSecret": args.credentials_secret,
+    }
+    storage = {key: value for key, value in given.items() if value is not None}
+    if storage and not s3:
+        flags = ", ".join(STORAGE_OPTIONS[key] for key in storage)
+        raise InferopError(f"{flags}: only for an s3:// --storage-uri, got {args.storage_uri!r}")
+    return storage or None
 
 
 def format_report(report: dict[str, Any]) -> str:

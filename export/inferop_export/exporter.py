@@ -123,6 +123,7 @@ def export_model(
     seed: int = 0,
     quiet: bool = False,
     storage_uri: str | None = None,
+    storage: dict[str, Any] | None = None,
     precision: str = "fp32",
     gpu_memory: str | None = None,
     data: UserData | None = None,
@@ -222,6 +223,7 @@ def export_model(
             "model": Model(
                 name=source.name,
                 storage_uri=storage_uri or f"hostpath://{model_dir.resolve()}",
+                storage=storage,
                 profile=Profile.model_validate(profile.as_spec()),
                 weights=source.weights,
                 sha256=sha256_file(model_path),

@@ -31,6 +31,57 @@ def test_export_records_the_model_files_digest_in_the_config(exported_tiny: Expo
     assert recorded_digest(model) == sha256_file(model / "1" / "model.onnx")
 
 
+def test_export_uploads_what_it_verified_and_writes_a_manifest_that_fetches_it(s3: S3Server, tmp_path: Path) -> None:
+    """`inferop export --storage-uri s3://... --upload`: the model directory in the bucket, and a manifest whose
+    model.storage says where and with which Secret, and whose sha256 the fetched file matches."""
+    import yaml
+
+    uri = f"s3://{BUCKET}/uploaded/conv_net"
+    tiny = [f"--{key}={value}" for key, value in TINY.items()]
+    argv = [str(INFEROP), "export", "conv_net", *tiny, "--repo", str(tmp_path / "repo"), "--storage-uri", uri]
+    argv += ["--upload", "--endpoint", s3.url, "--addressing", "path", "--credentials-secret", "model-store"]
+    argv += ["--manifest", str(tmp_path / "conv-net.yaml")]
+    result = subprocess.run(
+        argv,
+        env={"PATH": "/usr/bin:/bin", **s3.credentials()},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"uploaded 2 objects to {uri}" in result.stderr
+    model = yaml.safe_load((tmp_path / "conv-net.yaml").read_text())["spec"]["model"]
+    assert model["storageUri"] == uri
+    given = {"endpoint": s3.url, "addressing": "path", "credentialsSecret": "model-store"}
+    assert {key: model["storage"].get(key) for key in given} == given  # beside the spelled-out defaults
+    endpoint = S3Endpoint(url=s3.url, addressing="path")
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in s3.credentials().items():
+            env.setenv(name, value)
+        fetched = fetch(uri, tmp_path / "fetched", endpoint, QUICK, sha256=model["sha256"])
+    assert fetched.digests == {"1/model.onnx": model["sha256"]}
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--storage-uri", "hostpath:///models/x", "--upload"], "--upload needs --storage-uri s3://"),
+        (["--upload"], "--upload needs --storage-uri s3://"),
+        (["--storage-uri", "pvc://claim/x", "--credentials-secret", "s"], "--credentials-secret: only for an s3://"),
+    ],
+)
+def test_storage_options_without_an_s3_uri_are_refused_before_export(
+    flags: list[str], named: str, tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [str(INFEROP), "export", "conv_net", "--repo", str(tmp_path / "repo"), *flags],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2 and named in result.stderr
+    assert not (tmp_path / "repo").exists()  # nothing exported
+
+
 def test_a_pushed_model_is_fetched_whole_with_its_digest_checked(signed: S3Server, pushed: str, tmp_path: Path) -> None:
     fetched = fetch(f"{pushed}/conv_net", tmp_path / "conv_net", signed.endpoint, QUICK)
     assert sorted(fetched.files) == ["1/model.onnx", "config.pbtxt"]
