@@ -319,7 +319,11 @@ STORAGE_OPTIONS = {
 
 def object_storage(args: argparse.Namespace) -> dict[str, Any] | None:
     """model.storage for the manifest, from the endpoint options and --credentials-secret where the storage URI is
-    s3:// (checked before anything is exported); --upload needs an s3:// URI."""
+    s3:// (checked as the spec checks it, before anything is exported); --upload needs an s3:// URI."""
+    from pydantic import ValidationError
+
+    from inferop_operator.spec import ObjectStorage
+
     s3 = (args.storage_uri or "").startswith("s3://")
     if args.upload and not s3:
         raise InferopError(f"--upload needs --storage-uri s3://bucket/path, got {args.storage_uri!r}")
@@ -333,6 +337,15 @@ def object_storage(args: argparse.Namespace) -> dict[str, Any] | None:
     if storage and not s3:
         flags = ", ".join(STORAGE_OPTIONS[key] for key in storage)
         raise InferopError(f"{flags}: only for an s3:// --storage-uri, got {args.storage_uri!r}")
+    try:
+        ObjectStorage.model_validate(storage)
+    except ValidationError as error:
+        problems = [
+            f"{STORAGE_OPTIONS[key]} {storage[key]!r}: {item['msg']}"
+            for item in error.errors()
+            if (key := str(item["loc"][0])) in STORAGE_OPTIONS
+        ]
+        raise InferopError("; ".join(problems) or str(error)) from None
     return storage or None
 
 

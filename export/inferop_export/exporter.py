@@ -35,7 +35,16 @@ from inferop_export.profile import ModelProfile, profile_onnx
 from inferop_export.signature import Signature, read_signature
 from inferop_export.sources import Inputs, OnnxFile, SourceError, TorchModule
 from inferop_operator.plan import plan_service
-from inferop_operator.spec import GPU_RESOURCE, InferenceServiceSpec, Model, Profile, Serving, Tensor, parse_spec
+from inferop_operator.spec import (
+    GPU_RESOURCE,
+    InferenceServiceSpec,
+    Model,
+    ObjectStorage,
+    Profile,
+    Serving,
+    Tensor,
+    parse_spec,
+)
 
 PARITY_BATCHES = (1, 8)
 LABELS_FILENAME = "labels.txt"
@@ -223,7 +232,7 @@ def export_model(
             "model": Model(
                 name=source.name,
                 storage_uri=storage_uri or f"hostpath://{model_dir.resolve()}",
-                storage=storage,
+                storage=ObjectStorage.model_validate(storage) if storage else None,
                 profile=Profile.model_validate(profile.as_spec()),
                 weights=source.weights,
                 sha256=sha256_file(model_path),

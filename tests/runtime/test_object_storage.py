@@ -69,6 +69,8 @@ def test_export_uploads_what_it_verified_and_writes_a_manifest_that_fetches_it(s
         (["--storage-uri", "hostpath:///models/x", "--upload"], "--upload needs --storage-uri s3://"),
         (["--upload"], "--upload needs --storage-uri s3://"),
         (["--storage-uri", "pvc://claim/x", "--credentials-secret", "s"], "--credentials-secret: only for an s3://"),
+        (["--storage-uri", "s3://b/x", "--endpoint", "minio:9000"], "--endpoint 'minio:9000': String should match"),
+        (["--storage-uri", "s3://b/x", "--credentials-secret", "Bad_Name"], "--credentials-secret 'Bad_Name'"),
     ],
 )
 def test_storage_options_without_an_s3_uri_are_refused_before_export(
