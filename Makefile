@@ -73,6 +73,7 @@ check: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m inferop_operator.crd --check
+	$(BIN)/python -m inferop_devtools.dashboard --check
 	$(BIN)/pre-commit validate-config .pre-commit-config.yaml
 
 crd: $(STAMP)

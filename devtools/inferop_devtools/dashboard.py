@@ -1,0 +1,234 @@
+"""The Grafana dashboard the chart ships (charts/inferop/dashboards/inferop.json): one InferenceService at a time,
+chosen by namespace and service, each series split by track (predictor: the stable revision; canary: a rollout's
+candidate).
+
+The panels are data here, and `python -m inferop_devtools.dashboard` writes the JSON (`--check`, in make check,
+fails when the file differs). Triton's panels read the series the chart's PodMonitor scrapes, with the labels its
+podTargetLabels put on them; the memory and CPU panels read the kubelet's cAdvisor series and kube-state-metrics,
+which kube-prometheus-stack scrapes. tests/devtools/test_dashboard.py evaluates every Triton query against a real
+Prometheus scraping a real tritonserver under load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from inferop.paths import repo_root
+from inferop_core.tritonconfig import SERVER_METRICS_ARGS
+from inferop_operator.analysis import series_label
+from inferop_operator.identity import COMPONENT, INSTANCE, TRITON_CONTAINER
+
+DASHBOARD_PATH = repo_root() / "charts" / "inferop" / "dashboards" / "inferop.json"
+UID = "inferop-inference-service"
+TRACK = series_label(COMPONENT)  # predictor or canary
+SERVICE = f'namespace="$namespace",{series_label(INSTANCE)}="$service"'
+# The Triton container of the service's pods, as the kubelet's and kube-state-metrics' series name it.
+CONTAINER = f'namespace="$namespace",pod=~"$service-.*",container="{TRITON_CONTAINER}"'
+RATE = "[$__rate_interval]"
+COMPUTE = ("nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
+           "nv_inference_compute_output_duration_us")  # fmt: skip
+QUANTILES = ("0.5", "0.9", "0.99")
+
+
+def legend(word: str) -> str:
+    """A series' legend: `word` and the track, which Grafana fills in from the label."""
+    return f"{word} {{{{{TRACK}}}}}"
+
+
+def per_track(expr: str) -> str:
+    return f"sum by ({TRACK}) ({expr})"
+
+
+def rate(metric: str, extra: str = "") -> str:
+    return f"rate({metric}{{{SERVICE}{extra}}}{RATE})"
+
+
+def per_request(numerator: str) -> str:
+    """A rate per completed request; no completed request leaves no value (not a division by zero)."""
+    return f"{per_track(numerator)} / {per_track(rate('nv_inference_request_success'))}"
+
+
+@dataclass(frozen=True)
+class Query:
+    legend: str
+    expr: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    unit: str  # Grafana's unit id
+    description: str
+    queries: tuple[Query, ...]
+    source: Literal["triton", "kubelet"] = "triton"  # who publishes the series
+
+
+PANELS = (
+    Panel(
+        "Requests per second by outcome",
+        "reqps",
+        "Completed, rejected by Triton's queue (full, or waited past timeouts.requestSeconds: the designed fast "
+        "rejection of overload) and failed otherwise.",
+        (
+            Query(legend("success"), per_track(rate("nv_inference_request_success"))),
+            Query(legend("rejected"), per_track(rate("nv_inference_request_failure", ',reason="REJECTED"'))),
+            Query(legend("failed"), per_track(rate("nv_inference_request_failure", ',reason!="REJECTED"'))),
+        ),
+    ),
+    Panel(
+        "Queue and compute time per request",
+        "ms",
+        "Mean time a completed request waited in Triton's queue, and ran (input, inference, output). Queue time "
+        "rising at a steady rate is the first sign of overload; the queueTime autoscaling metric is the same ratio.",
+        (
+            Query(legend("queue"), f"{per_request(rate('nv_inference_queue_duration_us'))} / 1000"),
+            Query(legend("compute"), f"{per_request(' + '.join(rate(m) for m in COMPUTE))} / 1000"),
+        ),
+    ),
+    Panel(
+        "Request latency quantiles",
+        "ms",
+        "Triton's own quantiles of a request's time in the server (its sliding window; the worst pod), from "
+        f"{SERVER_METRICS_ARGS[0]}, which the operator sets.",
+        tuple(
+            Query(
+                legend(f"p{float(q) * 100:g}"),
+                f'max by ({TRACK}) (nv_inference_request_summary_us{{{SERVICE},quantile="{q}"}}) / 1000',
+            )
+            for q in QUANTILES
+        ),
+    ),
+    Panel(
+        "Achieved batch size",
+        "none",
+        "Samples per model execution: how full the dynamic batcher's batches are, against batching.maxBatchSize.",
+        (
+            Query(
+                legend("batch"),
+                f"{per_track(rate('nv_inference_count'))} / {per_track(rate('nv_inference_exec_count'))}",
+            ),
+        ),
+    ),
+    Panel(
+        "Pending requests",
+        "none",
+        "Requests queued or executing now; its bound per pod is the queue bound in the service's status.",
+        (Query(legend("pending"), per_track(f"nv_inference_pending_request_count{{{SERVICE}}}")),),
+    ),
+    Panel(
+        "Pods serving, by track",
+        "none",
+        "Triton pods scraped and up: the replicas, and during a rollout the candidate's pods (canary) beside the "
+        "stable ones; the traffic weight itself is in the service's status.rollout.",
+        (Query(legend("pods"), f"count by ({TRACK}) (up{{{SERVICE}}} == 1)"),),
+    ),
+    Panel(
+        "Memory working set against the limit",
+        "bytes",
+        "Each Triton container's working set (what the kernel's OOM killer weighs) and its limit; the operator's "
+        "estimate with a full queue is status.memory.requiredBytes.",
+        (
+            Query("{{pod}}", f"sum by (pod) (container_memory_working_set_bytes{{{CONTAINER}}})"),
+            Query("limit", f'max(kube_pod_container_resource_limits{{{CONTAINER},resource="memory",unit="byte"}})'),
+        ),
+        "kubelet",
+    ),
+    Panel(
+        "CPU throttling",
+        "percentunit",
+        "Share of CFS periods in which the Triton container was throttled at its CPU limit: threads beyond the "
+        "limit (the plan refuses oversubscription) or a limit below the load.",
+        (
+            Query(
+                "{{pod}}",
+                f"sum by (pod) (rate(container_cpu_cfs_throttled_periods_total{{{CONTAINER}}}{RATE})) / "
+                f"sum by (pod) (rate(container_cpu_cfs_periods_total{{{CONTAINER}}}{RATE}))",
+            ),
+        ),
+        "kubelet",
+    ),
+)
+
+
+def variables() -> list[dict[str, Any]]:
+    datasource = {"type": "prometheus", "uid": "${datasource}"}
+    success = "nv_inference_request_success"
+    return [
+        {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus"},
+        {
+            "name": "namespace",
+            "type": "query",
+            "datasource": datasource,
+            "query": {"query": f"label_values({success}, namespace)", "refId": "namespace"},
+            "refresh": 2,
+        },
+        {
+            "name": "service",
+            "label": "InferenceService",
+            "type": "query",
+            "datasource": datasource,
+            "query": {
+                "query": f'label_values({success}{{namespace="$namespace"}}, {series_label(INSTANCE)})',
+                "refId": "service",
+            },
+            "refresh": 2,
+        },
+    ]
+
+
+def panel_json(panel: Panel, index: int) -> dict[str, Any]:
+    return {
+        "id": index + 1,
+        "type": "timeseries",
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "gridPos": {"h": 8, "w": 12, "x": 12 * (index % 2), "y": 8 * (index // 2)},
+        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+        "targets": [
+            {"refId": chr(ord("A") + n), "expr": query.expr, "legendFormat": query.legend}
+            for n, query in enumerate(panel.queries)
+        ],
+    }
+
+
+def dashboard() -> dict[str, Any]:
+    return {
+        "uid": UID,
+        "title": "inferop: InferenceService",
+        "description": "One InferenceService's requests, queue, latency, batching, pods, memory and CPU.",
+        "tags": ["inferop", "triton"],
+        "schemaVersion": 39,
+        "timezone": "utc",
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {"list": variables()},
+        "panels": [panel_json(panel, index) for index, panel in enumerate(PANELS)],
+    }
+
+
+def rendered() -> str:
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if the chart's dashboard differs")
+    args = parser.parse_args(argv)
+    if args.check:
+        if not DASHBOARD_PATH.is_file() or DASHBOARD_PATH.read_text() != rendered():
+            print(f"{DASHBOARD_PATH} is stale: run python -m inferop_devtools.dashboard", file=sys.stderr)
+            return 1
+        return 0
+    DASHBOARD_PATH.parent.mkdir(parents=True, exist_ok=True)
+    DASHBOARD_PATH.write_text(rendered())
+    print(DASHBOARD_PATH)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
