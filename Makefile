@@ -11,12 +11,13 @@ export INFEROP_CACHE := $(CACHE)
 # once (README: "The local control plane").
 TOOLS_STAMP := $(CACHE)/.tools-ready
 
-.PHONY: help install demo test unit check lint format bench field drills tools e2e-kind crd clean
+.PHONY: help install demo test unit check lint format bench field drills tools e2e-kind crd docs clean
 
 help:
 	@echo "make demo      export both models, serve them with tritonserver, call and benchmark them"
 	@echo "make test      unit and integration tests (real tritonserver, control plane, helm)"
-	@echo "make check     ruff, mypy, import contracts, and drift of generated files (CRD schema, chart CRD)"
+	@echo "make check     ruff, mypy, import contracts, drift of generated files (CRD, dashboard, reference pages), the docs site built strictly"
+	@echo "make docs      write the generated pages and dashboard again and build the docs site (out/site)"
 	@echo "make bench     speed and memory figures, as ratios measured in one run"
 	@echo "make field     the four field failures under a pod's limits, naive against inferop (out/field/report.md)"
 	@echo "make drills    bad specs, operator kills, control-plane restarts, hostile requests, 1,000 services, rollouts through a real gateway (out/drills/report.md)"
@@ -74,10 +75,18 @@ check: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python -m inferop_operator.crd --check
 	$(BIN)/python -m inferop_devtools.dashboard --check
+	$(BIN)/python -m inferop_devtools.docs --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir out/site
 	$(BIN)/pre-commit validate-config .pre-commit-config.yaml
 
 crd: $(STAMP)
 	$(BIN)/python -m inferop_operator.crd --write
+
+# The generated pages and dashboard written again, and the site built into out/site.
+docs: $(STAMP)
+	$(BIN)/python -m inferop_devtools.docs
+	$(BIN)/python -m inferop_devtools.dashboard
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir out/site
 
 lint: check
 

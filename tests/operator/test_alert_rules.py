@@ -117,6 +117,7 @@ def stalled(t: Timing) -> dict[str, Any]:
             "description": f"Requests to InferenceService {POD['namespace']}/{POD['app_kubernetes_io_instance']} "
             f"wait in or time out of the queue and none succeeded for {t.rate_window}; "
             "check the pod's logs and the model's instances.",
+            "runbook_url": f"{RULES['runbookUrl']}#inferopqueuestalled",
         },
     }
 
@@ -131,6 +132,7 @@ def queue_time_rising(queue_us: int) -> dict[str, Any]:
             "summary": f"Triton queue time of {POD['model']} high in "
             f"{POD['namespace']}/{POD['app_kubernetes_io_instance']}",
             "description": f"Requests wait {humanize(queue_us)}µs on average in the queue (threshold {THRESHOLD} µs).",
+            "runbook_url": f"{RULES['runbookUrl']}#inferopqueuetimerising",
         },
     }
 
