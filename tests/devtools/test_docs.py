@@ -52,10 +52,11 @@ def test_the_cli_reference_has_every_installed_command() -> None:
 @pytest.mark.integration  # helm renders the rules
 def test_every_alert_s_runbook_is_a_section_of_the_operations_page() -> None:
     """runbook_url is the page and the alert's anchor, which mkdocs makes of the alert's heading."""
-    from inferop_devtools.prometheus import alert_names, chart_alert_rules
+    from inferop_devtools.prometheus import CHART, alert_names, chart_alert_rules
 
     rules = chart_alert_rules()
     headings = [line.removeprefix("## ") for line in (DOCS / "operations" / "alerts.md").read_text().splitlines()]
     urls = [rule["annotations"]["runbook_url"] for group in rules["groups"] for rule in group["rules"]]
-    assert [f"https://inferop.dev/operations/alerts/#{name.lower()}" for name in alert_names(rules)] == urls
+    page = yaml.safe_load((CHART / "values.yaml").read_text())["monitoring"]["rules"]["runbookUrl"]
+    assert [f"{page}#{name.lower()}" for name in alert_names(rules)] == urls
     assert [name for name in alert_names(rules) if name not in headings] == []

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from inferop_core.cli import main
+from inferop_operator.identity import API_VERSION, KIND
 from tests.specs import EXAMPLES, raw_spec
 
 
@@ -79,7 +80,7 @@ def test_a_refused_example_exits_1_with_its_fixes(
 
 def test_an_invalid_spec_exits_2_naming_the_field(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     manifest = tmp_path / "isvc.yaml"
-    document = {"apiVersion": "inferop.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "bad"}}
+    document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "bad"}}
     manifest.write_text(yaml.safe_dump(document | {"spec": raw_spec(instances=0)}))
     code, (verdict,) = planned(capsys, "-f", str(manifest))
     assert code == 2 and verdict["outcome"] == "invalid"
