@@ -45,10 +45,6 @@ else:
     mc = load_model_config_protobuf()
 
 ONNX_PLATFORM = "onnxruntime_onnx"
-# Every tritonserver inferop starts (a pod's, `inferop serve`'s) also publishes latency quantiles per model
-# (nv_inference_request_summary_us and its queue and compute parts, over Triton's sliding window), off by default:
-# the dashboard's latency panel reads them.
-SERVER_METRICS_ARGS = ("--metrics-config=summary_latencies=true",)
 MODEL_FILENAME = "model.onnx"
 # Where the served weights came from, as a config parameter so that any caller can read it from Triton's
 # model-config endpoint next to the labels it is about to show. Triton's ONNX Runtime backend looks up only the

@@ -32,7 +32,6 @@ from inferop.serving.localrepo import prepare_local_repo
 from inferop_core import scheduling
 from inferop_core.errors import InferopError
 from inferop_core.quantity import format_bytes
-from inferop_core.tritonconfig import SERVER_METRICS_ARGS
 
 READY_TIMEOUT_S = 120.0
 # "failed to load 'name' version 1: <reason>", up to the reason's first escaped newline (a traceback follows).
@@ -134,7 +133,6 @@ class TritonServer:
             f"--grpc-port={self.grpc_port}",
             f"--metrics-address={self.host}",
             f"--metrics-port={self.metrics_port}",
-            *SERVER_METRICS_ARGS,
             "--allow-gpu-metrics=false",
             "--pinned-memory-pool-byte-size=0",
             "--cuda-memory-pool-byte-size=0:0",

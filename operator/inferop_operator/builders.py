@@ -15,7 +15,7 @@ from typing import Any
 from inferop_core import scheduling
 from inferop_core.capacity import gateway_admission
 from inferop_core.cpu import NFD_LABELS
-from inferop_core.tritonconfig import SERVER_METRICS_ARGS, render_model_config
+from inferop_core.tritonconfig import render_model_config
 from inferop_operator import identity, liveness
 from inferop_operator.identity import (
     API_VERSION,
@@ -211,7 +211,6 @@ def triton_args(service: Service) -> list[str]:
         f"--grpc-port={GRPC_PORT}",
         f"--metrics-port={METRICS_PORT}",
         "--allow-metrics=true",
-        *SERVER_METRICS_ARGS,
         f"--allow-gpu-metrics={'true' if service.spec.uses_gpu else 'false'}",
         # In-flight requests get as long as a queued one may wait before shutdown cuts them off.
         f"--exit-timeout-secs={math.ceil(service.spec.timeouts.request_seconds) + 5}",
