@@ -7,15 +7,21 @@ fixtures for them skip with a reason that says how to get what is missing.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import EXPORT_EXTRA, MODEL_BUCKET, SERVE_EXTRA, SERVING, TINY, ExportedRepo, RunningServer
+from tests.helpers import (
+    EXPORT_EXTRA,
+    MODEL_BUCKET,
+    SERVE_EXTRA,
+    SERVING,
+    TINY,
+    ExportedRepo,
+    RunningServer,
+    inferop_with_credentials,
+)
 
 
 @pytest.fixture(scope="session")
@@ -103,15 +109,9 @@ def exported_tiny(tmp_path_factory: pytest.TempPathFactory) -> ExportedRepo:
 def pushed(s3: Any, exported_tiny: ExportedRepo) -> str:
     """The tiny conv net pushed by `inferop push` as s3://MODEL_BUCKET/repo/conv_net, with the credentials in the
     pushing process's environment only; the repository's URI."""
-    inferop = Path(sys.executable).with_name("inferop")
     uri = f"s3://{MODEL_BUCKET}/repo"
-    result = subprocess.run(
-        [str(inferop), "push", str(exported_tiny.path), uri, "--endpoint", s3.url, "--addressing", "path"],
-        env={"PATH": "/usr/bin:/bin", **s3.credentials()},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    result = inferop_with_credentials(
+        s3, "push", str(exported_tiny.path), uri, "--endpoint", s3.url, "--addressing", "path"
     )
     assert result.returncode == 0, result.stderr
     assert f"{uri}/conv_net/1/model.onnx" in result.stdout.splitlines()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -105,3 +106,17 @@ def stopped_by_sigterm(process: subprocess.Popen[bytes], output: Path) -> Iterat
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def inferop_with_credentials(s3: Any, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`inferop ARGS` in a process of its own, with the S3 server's credentials in that process's environment alone,
+    as a user runs it."""
+    inferop = Path(sys.executable).with_name("inferop")
+    return subprocess.run(
+        [str(inferop), *args],
+        env={"PATH": "/usr/bin:/bin", **s3.credentials()},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -15,7 +15,7 @@ import pytest
 
 from inferop_core.objectstore import FetchLimits, S3Endpoint, StorageError, fetch, push, sha256_file
 from inferop_devtools.s3 import S3Server
-from tests.helpers import MODEL_BUCKET, SERVE_EXTRA, TINY, ExportedRepo, wait_for
+from tests.helpers import MODEL_BUCKET, SERVE_EXTRA, TINY, ExportedRepo, inferop_with_credentials, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -38,17 +38,10 @@ def test_export_uploads_what_it_verified_and_writes_a_manifest_that_fetches_it(s
 
     uri = f"s3://{BUCKET}/uploaded/conv_net"
     tiny = [f"--{key}={value}" for key, value in TINY.items()]
-    argv = [str(INFEROP), "export", "conv_net", *tiny, "--repo", str(tmp_path / "repo"), "--storage-uri", uri]
+    argv = ["export", "conv_net", *tiny, "--repo", str(tmp_path / "repo"), "--storage-uri", uri]
     argv += ["--upload", "--endpoint", s3.url, "--addressing", "path", "--credentials-secret", "model-store"]
     argv += ["--manifest", str(tmp_path / "conv-net.yaml")]
-    result = subprocess.run(
-        argv,
-        env={"PATH": "/usr/bin:/bin", **s3.credentials()},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = inferop_with_credentials(s3, *argv, timeout=300)
     assert result.returncode == 0, result.stderr
     assert f"uploaded 2 objects to {uri}" in result.stderr
     model = yaml.safe_load((tmp_path / "conv-net.yaml").read_text())["spec"]["model"]
