@@ -178,4 +178,4 @@ def _analysis(
             verdict="Unreachable", message=str(error), step=step, weight=state.weight, at=timestamp(now),
             window_seconds=round(window, 1),
         )  # fmt: skip
-    return judge(candidate, stable, state.stable_latency_ms, spec.rollout, step, state.weight, window, now)
+    return judge(candidate, stable, spec.rollout, step, state.weight, window, now)

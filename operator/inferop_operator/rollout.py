@@ -184,9 +184,6 @@ class RolloutStatus(Reported):
     )
     step_started_at: str | None = Field(default=None, description="When the current step's traffic took effect.")
     changed_at: str | None = Field(default=None, description="When the phase or the traffic last changed.")
-    stable_latency_ms: float | None = Field(
-        default=None, description="The stable revision's latency last measured, for steps where it has no traffic."
-    )
     agreement: AgreementStatus | None = Field(default=None, description="The check before any live traffic.")
     analysis: AnalysisStatus | None = Field(default=None, description="The last analysis of a step.")
     stable_spec: dict[str, Any] | None = Field(
@@ -365,8 +362,6 @@ def _step(state: RolloutStatus, rollout: Rollout, observed: Observed) -> Rollout
             return _moved(state, now, phase="Progressing", reason="Resumed", message="spec.rollout.paused unset")
         return state
     state = state.model_copy(update={"analysis": analysis})
-    if analysis.stable is not None and analysis.stable.mean_latency_ms is not None:
-        state = state.model_copy(update={"stable_latency_ms": analysis.stable.mean_latency_ms})
     if analysis.verdict == "Failed":
         return roll_back(state, now, "AnalysisFailed", analysis.message)
     if analysis.verdict in ("NoData", "Unreachable"):
@@ -408,15 +403,17 @@ def analysis_due(state: RolloutStatus, rollout: Rollout, now: float) -> bool:
 def judge(
     candidate: TrackFigures,
     stable: TrackFigures | None,
-    reference_latency_ms: float | None,
     rollout: Rollout,
     step: int,
     weight: int,
     window: float,
     now: float,
 ) -> AnalysisStatus:
-    """The candidate against the stable revision over one window. Too few requests: no data, never a pass. The
-    stable revision's latency is the reference; at a step where it has no traffic, the one measured last."""
+    """The candidate against the stable revision over one window. Too few requests: no data, never a pass.
+    Latency is compared only with the stable revision's in the same window, where both carry their share of the same
+    load on the same machine: at a step where the stable revision has no traffic (100%), its latency from an earlier
+    step was taken at a lighter load per pod, and a good candidate would fail against it on a busy machine. A slow
+    candidate is caught at the earlier steps, where both serve."""
     limits = rollout.analysis
     figures = (
         f"candidate {candidate.requests:.0f} requests, {_ratio(candidate.failure_ratio)} failed, "
@@ -441,7 +438,7 @@ def judge(
     allowed = limits.max_failure_ratio_increase
     if excess > allowed:
         return verdict("Failed", f"failure ratio {excess:+.2%} against the stable revision's (at most {allowed:+.2%})")
-    reference = stable.mean_latency_ms if stable is not None and stable.mean_latency_ms else reference_latency_ms
+    reference = stable.mean_latency_ms if stable is not None else None
     if candidate.mean_latency_ms is not None and reference:
         ratio = candidate.mean_latency_ms / reference
         if ratio > limits.max_latency_ratio:
@@ -451,7 +448,11 @@ def judge(
         return verdict("Passed", f"latency {ratio:.2f}x, failure ratio {excess:+.2%} against the stable revision")
     if candidate.mean_latency_ms is None:
         return verdict("NoData", "no successful request to time")
-    return verdict("Passed", f"failure ratio {excess:+.2%} against the stable revision; no stable latency to compare")
+    return verdict(
+        "Passed",
+        f"failure ratio {excess:+.2%} against the stable revision; latency not compared: the stable revision served "
+        "no request in this window (it was compared at the steps where both serve)",
+    )
 
 
 def _ratio(value: float | None) -> str:

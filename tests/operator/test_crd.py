@@ -146,7 +146,7 @@ def written() -> dict[str, Any]:
     rollout = RolloutStatus(
         phase="Progressing", reason="StepStarted", message="step 2", stable="a1", candidate="b2", step=1, weight=25,
         mirror_percent=10, header=True, split="gateway", step_started_at="2026-01-01T00:00:00Z",
-        changed_at="2026-01-01T00:00:00Z", stable_latency_ms=2.0, stable_spec={},
+        changed_at="2026-01-01T00:00:00Z", stable_spec={},
         agreement=AgreementStatus(
             passed=True, samples=64, message="ok",
             outputs=[OutputAgreement(name="policy", top1_agreement=1.0, max_abs_difference=0.0)],

@@ -254,8 +254,8 @@ class TestEndings:
 
 
 class TestJudge:
-    def verdict(self, candidate: TrackFigures, stable: TrackFigures | None, reference: float | None = None) -> str:
-        return judge(candidate, stable, reference, rollout_of(), 0, 5, 10, T0).verdict
+    def verdict(self, candidate: TrackFigures, stable: TrackFigures | None) -> str:
+        return judge(candidate, stable, rollout_of(), 0, 5, 10, T0).verdict
 
     def test_figures_from_triton_counters(self) -> None:
         figures = track_figures(successes=98, failures=2, duration_us=98 * 3000)
@@ -275,9 +275,12 @@ class TestJudge:
         assert self.verdict(track_figures(100, 0, 100 * 2900), stable) == "Passed"
         assert self.verdict(track_figures(100, 0, 100 * 4000), stable) == "Failed"
 
-    def test_at_full_weight_the_stables_last_latency_is_the_reference(self) -> None:
-        assert self.verdict(track_figures(100, 0, 100 * 4000), track_figures(0, 0, 0), reference=2.0) == "Failed"
-        assert self.verdict(track_figures(100, 0, 100 * 2000), None, reference=2.0) == "Passed"
+    def test_at_full_weight_only_failures_are_judged(self) -> None:
+        # The stable revision's latency at an earlier step was taken at a lighter load per pod: no fair reference.
+        idle_stable = track_figures(0, 0, 0)
+        slower = judge(track_figures(100, 0, 100 * 4000), idle_stable, rollout_of(), 3, 100, 10, T0)
+        assert slower.verdict == "Passed" and "latency not compared" in slower.message
+        assert self.verdict(track_figures(97, 3, 97 * 2000), idle_stable) == "Failed"
 
 
 class TestReplicas:
