@@ -210,3 +210,32 @@ def test_the_rendered_liveness_probe_leaves_an_overloaded_server_alone(
     assert len(prober.runs) >= 12.0 / prober.period - 1
     assert prober.summary()["failures"] == 0, prober.summary()
     assert prober.restarts == []
+
+
+@pytest.mark.skipif(CGROUPS is not None, reason=str(CGROUPS))
+def test_the_pods_own_figures_match_what_its_callers_got(model_repo: ExportedRepo, tmp_path: Path) -> None:
+    """The overload drill's capacity in the run, read from the real server in a pod's cgroup: every sample the
+    callers got answered is a sample Triton computed, closed-loop callers beyond a batch fill the batches, the rate
+    of full batches is at least the rate the callers saw, and the model's instance uses part of the pod's CPU."""
+    from inferop import bench
+    from inferop.openloop import run_open_loop
+    from inferop.serving.tritonserver import TritonServer, free_port
+    from inferop_devtools.field.work import snapshot, work_between
+
+    serving = served_copy(
+        model_repo, "conv_net", tmp_path / "repo", max_batch_size=8, max_queue_size=8, instances=1, intra_op_threads=1
+    )
+    board = np.zeros((1, *serving.inputs[0].dims), dtype=np.float32)
+    with TritonServer(tmp_path / "repo", http_port=free_port(), limits=PodLimits(cpus=0.25)) as server:
+        before = snapshot(server, "conv_net")
+        closed = bench.sweep(server.url, "conv_net", [16], 5.0, batch=1)[0]
+        calm = work_between(before, snapshot(server, "conv_net"), 8, 1)
+        before = snapshot(server, "conv_net")
+        flood = run_open_loop(server.url, "conv_net", board, 1000.0, 5.0, timeout=10.0)
+        flooded = work_between(before, snapshot(server, "conv_net"), 8, 1)
+    assert (calm.computed, flooded.computed) == (closed.requests, flood.ok), (calm, flooded)
+    assert flood.rejected > 0, "not overloaded"
+    assert calm.full_batch_share is not None and calm.full_batch_share > 0.5, calm
+    assert calm.full_batch_rate is not None and calm.full_batch_rate >= closed.throughput, (calm, closed.throughput)
+    for work in (calm, flooded):
+        assert work.model_cpu_share is not None and 0 < work.model_cpu_share < 1, work

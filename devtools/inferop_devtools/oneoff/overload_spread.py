@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING
-from inferop_devtools.field.overload import NETWORK, WINDOW_SECONDS, overloaded, quota_pod
+from inferop_devtools.field.overload import NETWORK, WINDOW_SECONDS, answered_rate, overloaded, quota_pod
 from inferop_devtools.field.pods import Machine, closed_loop, pod
 
 
@@ -34,17 +34,24 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     for repeat in range(args.repeats):
         for factor in (2.0, 4.0):
-            result, _, paired, _, alive, refused = overloaded(
+            run = overloaded(
                 "inferop", quota, quota.ours, DEFAULT_CPU_SCHEDULING, capacity * factor, args.seconds,
                 quota.timeout * 1.1, machine,
             )  # fmt: skip
+            paired, in_run, served = run.capacity_windows, run.capacity_in_run, answered_rate(run.result)
             around = sum(paired) / len(paired) if paired else None
-            share = round(result.goodput / around, 3) if around else None
-            runs.append({"repeat": repeat, "factor": factor, "goodput": round(result.goodput, 3),
+            share = round(run.result.goodput / around, 3) if around else None
+            runs.append({"repeat": repeat, "factor": factor, "goodput": round(run.result.goodput, 3),
                          "capacity_windows": [round(v, 3) for v in paired], "share_of_capacity_around": share,
-                         "rejected": result.rejected, "refused_at_gateway": refused, "alive": alive})  # fmt: skip
+                         "share_of_capacity_in_run": round(served / in_run, 3) if served and in_run else None,
+                         "rejected": run.result.rejected, "refused_at_gateway": run.refused_at_gateway,
+                         "alive": run.alive})  # fmt: skip
             print(json.dumps(runs[-1]), flush=True)
-    shares = {f"{f:g}x": [r["share_of_capacity_around"] for r in runs if r["factor"] == f] for f in (2.0, 4.0)}
+    shares = {
+        f"{f:g}x {reference}": [r[f"share_of_capacity_{reference}"] for r in runs if r["factor"] == f]
+        for f in (2.0, 4.0)
+        for reference in ("around", "in_run")
+    }
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), "cpus": args.cpus, "capacity": round(capacity, 3),
                       "shares": shares}, indent=1))  # fmt: skip
     return 0
