@@ -109,7 +109,7 @@ def threads_section(drill: dict[str, Any]) -> list[str]:
 
 
 def share(value: float | None) -> str:
-    return "" if value is None else f"{value:.0%}"
+    return "" if value is None else f"{value:.1%}"
 
 
 def overload_section(drill: dict[str, Any]) -> list[str]:
