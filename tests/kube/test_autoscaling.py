@@ -48,6 +48,7 @@ SCALE_TIMEOUT = 120.0
 @dataclass(frozen=True)
 class Pipeline:
     triton: Any  # inferop.serving.tritonserver.TritonServer
+    prometheus: Prometheus
     targets: Path  # the file_sd file Prometheus reads
     kubeconfig: Path
 
@@ -88,7 +89,7 @@ def pipeline(
         Prometheus([], job="triton", file_sd=targets) as prometheus,
         MetricsAdapter(control_plane.kubeconfig, workdir, prometheus.url, adapter_config()),
     ):
-        yield Pipeline(triton=triton, targets=targets, kubeconfig=control_plane.kubeconfig)
+        yield Pipeline(triton=triton, prometheus=prometheus, targets=targets, kubeconfig=control_plane.kubeconfig)
 
 
 class Load:
@@ -99,6 +100,8 @@ class Load:
         self.stopped = threading.Event()
         self.threads = [threading.Thread(target=self._call, daemon=True) for _ in range(CALLERS)]
         self.answered = 0
+        self.failed = 0
+        self.first_error: str | None = None
 
     def _call(self) -> None:
         import tritonclient.http as httpclient
@@ -108,8 +111,13 @@ class Load:
         board.set_data_from_numpy(np.zeros((1, 1, 8, 7), dtype=np.float32))
         try:
             while not self.stopped.is_set():
-                client.infer("conv_net", [board])
-                self.answered += 1
+                try:
+                    client.infer("conv_net", [board])
+                    self.answered += 1
+                except Exception as error:  # counted, and the first kept: a failed load is a cause to name
+                    self.failed += 1
+                    self.first_error = self.first_error or f"{type(error).__name__}: {error}"[:300]
+                    self.stopped.wait(0.1)
         finally:
             client.close()
 
@@ -163,6 +171,26 @@ def running_pods(kubectl: Kubectl, namespace: str, selector: str) -> list[str]:
     return sorted(pod["metadata"]["name"] for pod in listed if pod.get("status", {}).get("phase") == "Running")
 
 
+def pipeline_state(pipeline: Pipeline, kubectl: Kubectl, namespace: str, name: str, load: Load | None) -> str:
+    """Each link of the pipeline as it stands, for a failure to name the one that broke: the server, the load, what
+    Prometheus scraped, what the HPA read and why not."""
+    code = pipeline.triton.process.poll() if pipeline.triton.process is not None else "never started"
+    parts = [f"tritonserver {'running' if code is None else f'exited ({code})'}"]
+    if load is not None:
+        parts.append(f"load: {load.answered} answered, {load.failed} failed (first: {load.first_error})")
+    try:
+        targets = pipeline.prometheus.api("targets", state="active")["activeTargets"]
+        parts.append(
+            "Prometheus targets: "
+            + (", ".join(f"{t['labels'].get('pod')} {t['health']} {t['lastError']}".strip() for t in targets) or "none")
+        )
+    except Exception as error:  # Prometheus itself may be the broken link
+        parts.append(f"Prometheus unreachable: {error}")
+    parts.append(f"the HPA read {hpa_metric(kubectl, namespace, name)}; its conditions: "
+                 f"{hpa_conditions(kubectl, namespace, name)}")  # fmt: skip
+    return "; ".join(parts)
+
+
 def hpa_conditions(kubectl: Kubectl, namespace: str, name: str) -> list[str]:
     """The HPA's conditions, `type=status reason: message`: they say why it reads no metric when it reads none."""
     hpa = kubectl.get("hpa.v2.autoscaling", name, namespace) or {}
@@ -199,17 +227,20 @@ def test_the_hpa_scales_out_under_load_and_back_in_after_it(
                 lambda: hpa_metric(kubectl, namespace, name), timeout=SCALE_TIMEOUT, what="the HPA's metric"
             )
         except pytest.fail.Exception as failure:
-            pytest.fail(f"{failure}; the HPA's conditions: {hpa_conditions(kubectl, namespace, name)}")
+            pytest.fail(f"{failure}; {pipeline_state(pipeline, kubectl, namespace, name, None)}")
         assert parse_quantity(idle) == 0, f"{POD_METRICS[metric]} idle: {idle}"
 
         started = time.monotonic()
         with Load(pipeline.triton.url) as load:
-            wait_for(
-                lambda: replicas(kubectl, namespace, name) == (MAX_REPLICAS, MAX_REPLICAS),
-                timeout=SCALE_TIMEOUT,
-                interval=0.5,
-                what=f"scale-out to {MAX_REPLICAS} on {metric}",
-            )
+            try:
+                wait_for(
+                    lambda: replicas(kubectl, namespace, name) == (MAX_REPLICAS, MAX_REPLICAS),
+                    timeout=SCALE_TIMEOUT,
+                    interval=0.5,
+                    what=f"scale-out to {MAX_REPLICAS} on {metric}",
+                )
+            except pytest.fail.Exception as failure:
+                pytest.fail(f"{failure}; {pipeline_state(pipeline, kubectl, namespace, name, load)}")
             scaled_out = time.monotonic() - started
             loaded = hpa_metric(kubectl, namespace, name)
             answered = load.answered
@@ -227,7 +258,7 @@ def test_the_hpa_scales_out_under_load_and_back_in_after_it(
             what=f"scale-in to 1 on {metric}",
         )
         scaled_in = time.monotonic() - stopped
-    assert answered > 0
+    assert answered > 0, f"no call answered: {load.failed} failed ({load.first_error})"
     # It scaled because the load read above the target: the metric the HPA acted on, and every pod's series.
     assert loaded is not None and parse_quantity(loaded) > target, f"{POD_METRICS[metric]} under load: {loaded}"
     assert len(series) == MAX_REPLICAS and all(value > target for value in series.values()), series

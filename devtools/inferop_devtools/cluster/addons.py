@@ -377,6 +377,9 @@ def file_sd_groups(pods: Sequence[Any], address: str) -> list[dict[str, Any]]:
     ]
 
 
+LIST_TIMEOUT_SECONDS = 5.0
+
+
 class PodTargets:
     """Keeps `path` (a Prometheus file_sd file) listing the pods of `namespace` matching `selector`, every
     `interval` seconds, all scraped at `address`."""
@@ -402,7 +405,10 @@ class PodTargets:
         written: list[dict[str, Any]] = []
         while not self._stopped.wait(self.interval):
             try:
-                pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector).items
+                # Bounded: the client waits for ever by default, and a list that hangs would freeze the targets.
+                pods = self.core.list_namespaced_pod(
+                    self.namespace, label_selector=self.selector, _request_timeout=LIST_TIMEOUT_SECONDS
+                ).items
             except Exception as error:  # a failed list keeps the last targets, as Prometheus' own discovery does
                 log.warning("listing pods for Prometheus failed: %s", error)
                 continue
