@@ -300,6 +300,11 @@ class PodCgroup:
     def directories(self) -> list[Path]:
         return sorted(set(self.paths.values()))
 
+    @property
+    def path(self) -> str:
+        """Its path below each hierarchy's root: the container id cAdvisor gives its series."""
+        return f"/{PARENT}/{self.name}"
+
     def create(self) -> PodCgroup:
         hierarchy, reason = _find_hierarchy()
         if hierarchy is None:

@@ -105,3 +105,18 @@ build_from_module() {
     log "built $name $version in $((SECONDS - start)) s: $(($(downloaded_kib) - before)) KiB newly downloaded," \
         "binary $(du -h "$BIN/$name" | cut -f1)"
 }
+
+# Build the main package of `dir`, a module of this repository whose go.mod and go.sum pin every dependency, into
+# $BIN/`name`, once, from a copy in the build directory, at the lowest priority.
+build_from_source() {
+    local name=$1 dir=$2 start=$SECONDS before
+    [[ -x "$BIN/$name" ]] && return
+    before=$(downloaded_kib)
+    cp -r "$dir" "$BUILD/$name"
+    use_go_for "$(go_directive "$BUILD/$name/go.mod")"
+    log "building $name ($dir, $(go version | cut -d' ' -f3))"
+    (cd "$BUILD/$name" && nice -n 19 go build -mod=readonly -trimpath -ldflags="-s -w" -o "$BIN/.$name.tmp" . >&2)
+    mv "$BIN/.$name.tmp" "$BIN/$name"
+    log "built $name in $((SECONDS - start)) s: $(($(downloaded_kib) - before)) KiB newly downloaded," \
+        "binary $(du -h "$BIN/$name" | cut -f1)"
+}

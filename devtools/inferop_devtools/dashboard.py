@@ -4,9 +4,9 @@ candidate).
 
 The panels are data here, and `python -m inferop_devtools.dashboard` writes the JSON (`--check`, in make check,
 fails when the file differs). Triton's panels read the series the chart's PodMonitor scrapes, with the labels its
-podTargetLabels put on them; the memory and CPU panels read the kubelet's cAdvisor series and kube-state-metrics,
-which kube-prometheus-stack scrapes. tests/devtools/test_dashboard.py evaluates every Triton query against a real
-Prometheus scraping a real tritonserver under load.
+podTargetLabels put on them; the memory and CPU panels read the cAdvisor series each node's kubelet serves on
+/metrics/cadvisor, which kube-prometheus-stack scrapes. tests/devtools/test_dashboard.py evaluates every query
+against a real Prometheus scraping a real tritonserver under a pod's limits and a real cAdvisor reading its cgroup.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ DASHBOARD_PATH = repo_root() / "charts" / "inferop" / "dashboards" / "inferop.js
 UID = "inferop-inference-service"
 TRACK = series_label(COMPONENT)  # predictor or canary
 SERVICE = f'namespace="$namespace",{series_label(INSTANCE)}="$service"'
-# The Triton container of the service's pods, as the kubelet's and kube-state-metrics' series name it.
+# The Triton container of the service's pods, as the kubelet's cAdvisor series name it.
 CONTAINER = f'namespace="$namespace",pod=~"$service-.*",container="{TRITON_CONTAINER}"'
 RATE = "[$__rate_interval]"
 COMPUTE = ("nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
@@ -48,6 +48,13 @@ def rate(metric: str, extra: str = "") -> str:
 def per_request(numerator: str) -> str:
     """A rate per completed request; no completed request leaves no value (not a division by zero)."""
     return f"{per_track(numerator)} / {per_track(rate('nv_inference_request_success'))}"
+
+
+def share_by_track(*rates: str) -> str:
+    """Each track's part of the service's total of `rates`."""
+    by_track = " + ".join(per_track(r) for r in rates)
+    total = " + ".join(f"sum({r})" for r in rates)
+    return f"({by_track}) / on() group_left() ({total})"
 
 
 @dataclass(frozen=True)
@@ -117,8 +124,22 @@ PANELS = (
         "Pods serving, by track",
         "none",
         "Triton pods scraped and up: the replicas, and during a rollout the candidate's pods (canary) beside the "
-        "stable ones; the traffic weight itself is in the service's status.rollout.",
+        "stable ones.",
         (Query(legend("pods"), f"count by ({TRACK}) (up{{{SERVICE}}} == 1)"),),
+    ),
+    Panel(
+        "Traffic share by track",
+        "percentunit",
+        "Each track's share of the requests the service's pods received (answered, rejected or failed): during a "
+        "rollout, the weight the gateway gave the candidate (canary) as the pods saw it, beside the step in "
+        "status.rollout.weight. A shadow step's mirrored copies count on the canary track too, though no caller "
+        "gets their answers.",
+        (
+            Query(
+                legend("share"),
+                share_by_track(rate("nv_inference_request_success"), rate("nv_inference_request_failure")),
+            ),
+        ),
     ),
     Panel(
         "Memory working set against the limit",
@@ -127,7 +148,7 @@ PANELS = (
         "estimate with a full queue is status.memory.requiredBytes.",
         (
             Query("{{pod}}", f"sum by (pod) (container_memory_working_set_bytes{{{CONTAINER}}})"),
-            Query("limit", f'max(kube_pod_container_resource_limits{{{CONTAINER},resource="memory",unit="byte"}})'),
+            Query("limit", f"max(container_spec_memory_limit_bytes{{{CONTAINER}}})"),
         ),
         "kubelet",
     ),

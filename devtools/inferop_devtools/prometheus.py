@@ -108,10 +108,11 @@ def config(
     evaluation_interval: str,
     labels: Mapping[str, str],
     file_sd: Path | None = None,
+    jobs: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """prometheus.yml: one job, of static `targets` and, with `file_sd`, the targets that file lists (re-read
-    when it changes). `labels` go on every static series, as a PodMonitor's relabelling would put namespace
-    and pod there."""
+    when it changes), then `jobs` as they are. `labels` go on every static series, as a PodMonitor's
+    relabelling would put namespace and pod there."""
     static: dict[str, Any] = {"targets": list(targets)}
     if labels:
         static["labels"] = dict(labels)
@@ -121,7 +122,7 @@ def config(
     return {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
         "rule_files": [str(path) for path in rule_paths],
-        "scrape_configs": [job_config],
+        "scrape_configs": [job_config, *map(dict, jobs)],
     }
 
 
@@ -170,7 +171,8 @@ class Prometheus:
     directory removed on stop. `start()` returns in about 0.1 s; the first scrape follows about 5 s later
     (`wait_for_targets`). `labels` go on every scraped series, as a PodMonitor puts namespace and pod.
     `file_sd` names a file_sd file of more targets, each with its own labels (see `PodTargets` in
-    inferop_devtools.cluster.addons)."""
+    inferop_devtools.cluster.addons). `jobs` are more scrape jobs, as prometheus.yml takes them (such as
+    `kubelet_job` there)."""
 
     def __init__(
         self,
@@ -181,8 +183,10 @@ class Prometheus:
         evaluation_interval: str = "1s",
         labels: Mapping[str, str] | None = None,
         file_sd: Path | None = None,
+        jobs: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.targets = list(targets)
+        self.jobs = list(jobs)
         self.file_sd = file_sd
         self.job = job
         self.rule_files = list(rule_files)
@@ -206,7 +210,7 @@ class Prometheus:
             path.write_text(yaml.safe_dump(dict(rules), sort_keys=False, allow_unicode=True))
         config_path = self._workdir / "prometheus.yml"
         intervals = (self.scrape_interval, self.evaluation_interval)
-        settings = config(self.targets, self.job, rule_paths, *intervals, self.labels, self.file_sd)
+        settings = config(self.targets, self.job, rule_paths, *intervals, self.labels, self.file_sd, self.jobs)
         config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
         self.port = self.port or free_ports(1)[0]  # started again, it keeps its address
         argv = [
@@ -272,12 +276,14 @@ class Prometheus:
         return body["data"]
 
     def wait_for_targets(self, timeout: float = 20.0) -> None:
-        """Return once every target has been scraped successfully. Prometheus 2.42 hands new targets to its
-        scraper on a 5 s tick, so the first samples arrive about 5 s after /-/ready."""
+        """Return once every static target (of `jobs` too) has been scraped successfully. Prometheus 2.42 hands
+        new targets to its scraper on a 5 s tick, so the first samples arrive about 5 s after /-/ready."""
+        groups = [group for job in self.jobs for group in job.get("static_configs", ())]
+        expected = len(self.targets) + sum(len(group["targets"]) for group in groups)
         deadline = time.monotonic() + timeout
         while True:
             targets = self.api("targets", state="active")["activeTargets"]
-            if len(targets) == len(self.targets) and all(target["health"] == "up" for target in targets):
+            if len(targets) == expected and all(target["health"] == "up" for target in targets):
                 return
             if time.monotonic() > deadline:
                 states = {t["scrapeUrl"]: f"{t['health']} {t['lastError']}".strip() for t in targets}

@@ -1,6 +1,7 @@
 """The chart's Grafana dashboard: rendered only when asked for, with the label Grafana's sidecar loads, and every
-query of Triton's panels answered with data, in its panel's unit, by a real Prometheus scraping a real tritonserver
-under load."""
+query of every panel answered with data, in its panel's unit, by a real Prometheus scraping two real tritonservers
+under load (a stable pod under a pod's CPU and memory limits, and a canary) and a real cAdvisor reading the stable
+pod's cgroup."""
 
 from __future__ import annotations
 
@@ -8,27 +9,43 @@ import json
 import math
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from inferop.limits import PodLimits, cgroup_unavailable_reason
+from inferop.serving.tritonserver import TritonServer, free_port
+from inferop_devtools.cluster.addons import Cadvisor, ContainerName, addon_binaries, kubelet_job
+from inferop_devtools.cluster.controlplane import ClusterError
 from inferop_devtools.dashboard import DASHBOARD_PATH, PANELS, Panel, dashboard, rendered
 from inferop_devtools.prometheus import Prometheus, PrometheusError, find_binary, render_chart
+from inferop_operator.identity import TRITON_CONTAINER
 from tests.devtools.test_prometheus import POD
 from tests.helpers import ExportedRepo, RunningServer, wait_for
-from tests.runtime.test_triton import infer, new_client, sample
+from tests.runtime.test_triton import infer, sample
 
-# A PodMonitor's scrape of one Triton pod of the service POD names.
-LABELS = POD | {"app_kubernetes_io_component": "predictor"}
+TRACK = "app_kubernetes_io_component"
+# A PodMonitor's scrape of the two Triton pods of the service POD names: the stable one and a rollout's candidate.
+STABLE = POD | {TRACK: "predictor"}
+CANARY = POD | {"pod": "conv-net-canary-6b8d4f-r7tmw", TRACK: "canary"}
+# The stable pod's limits: half a CPU, which one caller of Inception V3 keeps it at (the conv net's callers alone
+# ask less than a fifth of a CPU of it).
+LIMITS = PodLimits(cpus=0.5, memory_bytes=2 * 2**30)
 VARIABLES = {"$namespace": POD["namespace"], "$service": POD["app_kubernetes_io_instance"], "$__rate_interval": "5s"}
 # What a value in each panel's unit must be, for a served service under load.
 PLAUSIBLE: dict[str, Callable[[float], bool]] = {
     "reqps": lambda value: value >= 0,
     "ms": lambda value: value > 0,
     "none": lambda value: value >= 0,
+    "percentunit": lambda value: 0 <= value <= 1,
+    "bytes": lambda value: value > 0,
 }
 CALLERS = 4  # closed-loop callers: enough for batches of more than one
+# Each caller sends this many calls to the stable pod for every one to the canary: the rollout's weight.
+STABLE_CALLS = 3
+CGROUPS = cgroup_unavailable_reason()
 
 
 def test_the_chart_s_dashboard_is_the_generated_one() -> None:
@@ -60,20 +77,36 @@ def with_variables(expr: str) -> str:
     return expr
 
 
+@pytest.fixture(scope="module")
+def stable_pod(model_repo: ExportedRepo) -> Iterator[TritonServer]:
+    """The stable track's pod: a real tritonserver serving both models inside LIMITS, in a cgroup of its own."""
+    if CGROUPS is not None:
+        pytest.skip(CGROUPS)
+    with TritonServer(model_repo.path, http_port=free_port(), limits=LIMITS) as server:
+        yield server
+
+
 @pytest.fixture
-def loaded(triton: RunningServer, model_repo: ExportedRepo) -> Iterator[None]:
-    """CALLERS closed-loop callers of the conv net for as long as the test runs."""
+def loaded(stable_pod: TritonServer, triton: RunningServer, model_repo: ExportedRepo) -> Iterator[None]:
+    """CALLERS closed-loop callers of the conv net for as long as the test runs, each sending STABLE_CALLS calls to
+    the stable pod for every one to the canary (the shared server), and one of Inception V3 at the stable pod."""
+    import tritonclient.http as httpclient
+
     stop = threading.Event()
 
-    def call() -> None:
-        client = new_client(triton)
+    def call(model: str, urls: list[str], seed: int) -> None:
+        clients = {url: httpclient.InferenceServerClient(url, network_timeout=60) for url in set(urls)}
         try:
             while not stop.is_set():
-                infer(client, "conv_net", sample(model_repo, "conv_net", 1, 0))
+                for url in urls:
+                    infer(clients[url], model, sample(model_repo, model, 1, seed))
         finally:
-            client.close()
+            for client in clients.values():
+                client.close()
 
-    threads = [threading.Thread(target=call, daemon=True) for _ in range(CALLERS)]
+    callers = [("conv_net", [stable_pod.url] * STABLE_CALLS + [triton.url], seed) for seed in range(CALLERS)]
+    callers.append(("inception_v3", [stable_pod.url], 0))
+    threads = [threading.Thread(target=call, args=caller, daemon=True) for caller in callers]
     for thread in threads:
         thread.start()
     yield
@@ -87,35 +120,66 @@ def answered(prometheus: Prometheus, panel: Panel) -> dict[str, list[float]]:
     return {query.legend: [s.value for s in prometheus.query(with_variables(query.expr))] for query in panel.queries}
 
 
+def by_track(prometheus: Prometheus, panel: Panel, legend: str) -> dict[str, float]:
+    (query,) = (q for q in panel.queries if q.legend == legend)
+    return {s.labels[TRACK]: s.value for s in prometheus.query(with_variables(query.expr))}
+
+
 @pytest.mark.integration
-def test_every_triton_panel_returns_data_in_its_unit_under_load(triton: RunningServer, loaded: None) -> None:
+def test_every_panel_returns_data_in_its_unit_under_load(
+    stable_pod: TritonServer, triton: RunningServer, loaded: None, tmp_path: Path
+) -> None:
     try:
         find_binary("prometheus")
-    except PrometheusError as error:  # make tools installs it before make test: missing is a failure
+        bin_dir = addon_binaries()
+    except (PrometheusError, ClusterError) as error:  # make tools builds both before make test: missing fails
         pytest.fail(str(error))
-    with Prometheus([f"127.0.0.1:{triton.server.metrics_port}"], labels=LABELS) as prometheus:
-        prometheus.wait_for_targets()
-        for panel in PANELS:
-            if panel.source == "kubelet":
-                # cAdvisor and kube-state-metrics run on a cluster's nodes, not here: the queries are checked as
-                # PromQL by Prometheus (an error would raise), without data.
-                answered(prometheus, panel)
-                continue
-            values = wait_for(
-                lambda panel=panel: (found := answered(prometheus, panel)) and all(found.values()) and found,
-                timeout=30,
-                interval=0.5,
-                what=f"data for every query of {panel.title!r}",
-            )
-            for legend, found in values.items():
-                assert all(math.isfinite(v) and PLAUSIBLE[panel.unit](v) for v in found), (panel.title, legend, found)
-        figures = {panel.title: answered(prometheus, panel) for panel in PANELS if panel.source == "triton"}
+    assert stable_pod.cgroup is not None
+    # The kubelet's labels for the stable pod's cgroup; the canary runs in none, so cAdvisor has no series of it.
+    containers = {stable_pod.cgroup.path: ContainerName(POD["namespace"], POD["pod"], TRITON_CONTAINER)}
+    canary = {
+        "job_name": "canary",
+        "static_configs": [{"targets": [f"127.0.0.1:{triton.server.metrics_port}"], "labels": CANARY}],
+    }
+    with Cadvisor(tmp_path, bin_dir=bin_dir) as cadvisor:
+        jobs = [canary, kubelet_job(cadvisor.address, containers)]
+        with Prometheus([f"127.0.0.1:{stable_pod.metrics_port}"], labels=STABLE, jobs=jobs) as prometheus:
+            prometheus.wait_for_targets()
+            for panel in PANELS:
+                values = wait_for(
+                    lambda panel=panel: (found := answered(prometheus, panel)) and all(found.values()) and found,
+                    timeout=30,
+                    interval=0.5,
+                    what=f"data for every query of {panel.title!r}",
+                )
+                for legend, found in values.items():
+                    assert all(math.isfinite(v) and PLAUSIBLE[panel.unit](v) for v in found), (
+                        panel.title,
+                        legend,
+                        found,
+                    )
+            panels = {panel.title: panel for panel in PANELS}
+            figures = {title: answered(prometheus, panel) for title, panel in panels.items()}
+            share = by_track(prometheus, panels["Traffic share by track"], "share {{app_kubernetes_io_component}}")
+            pods = by_track(prometheus, panels["Pods serving, by track"], "pods {{app_kubernetes_io_component}}")
     by_outcome = figures["Requests per second by outcome"]
-    assert by_outcome["success {{app_kubernetes_io_component}}"][0] > 0
-    assert by_outcome["failed {{app_kubernetes_io_component}}"] == [0.0]
-    assert figures["Pods serving, by track"]["pods {{app_kubernetes_io_component}}"] == [1.0]
-    assert figures["Achieved batch size"]["batch {{app_kubernetes_io_component}}"][0] >= 1
-    time_in_server = figures["Request time in the server"]["mean {{app_kubernetes_io_component}}"][0]
+    assert len(by_outcome["success {{app_kubernetes_io_component}}"]) == 2  # a series for each track
+    assert all(value > 0 for value in by_outcome["success {{app_kubernetes_io_component}}"])
+    assert by_outcome["failed {{app_kubernetes_io_component}}"] == [0.0, 0.0]
+    assert pods == {"predictor": 1.0, "canary": 1.0}
+    # The callers' split, as the pods counted it over one 5 s window (Inception's calls add about 1% to the stable's).
+    assert share["predictor"] == pytest.approx(STABLE_CALLS / (STABLE_CALLS + 1), abs=0.1), share
+    assert sum(share.values()) == pytest.approx(1.0)
+    assert all(batch >= 1 for batch in figures["Achieved batch size"]["batch {{app_kubernetes_io_component}}"])
+    time_in_server = figures["Request time in the server"]["mean {{app_kubernetes_io_component}}"]
     parts = figures["Queue and compute time per request"]
-    queue, compute = (parts[f"{part} {{{{app_kubernetes_io_component}}}}"][0] for part in ("queue", "compute"))
-    assert time_in_server >= compute and time_in_server >= queue  # the whole holds its parts
+    queue, compute = (parts[f"{part} {{{{app_kubernetes_io_component}}}}"] for part in ("queue", "compute"))
+    assert all(whole >= part for whole, part in zip(time_in_server, compute, strict=True))  # the whole holds its parts
+    assert all(whole >= part for whole, part in zip(time_in_server, queue, strict=True))
+    # The kubelet's panels: the stable pod alone, read from its cgroup.
+    memory = figures["Memory working set against the limit"]
+    assert memory["limit"] == [float(LIMITS.memory_bytes)]
+    (working_set,) = memory["{{pod}}"]
+    assert 2**20 < working_set < LIMITS.memory_bytes
+    (throttled,) = figures["CPU throttling"]["{{pod}}"]
+    assert throttled > 0.5  # Inception's caller asks more than half a CPU of it
