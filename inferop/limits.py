@@ -31,8 +31,9 @@ DESTROY_TIMEOUT_S = 10.0
 MOUNTS = Path("/proc/mounts")
 UNAVAILABLE = (
     "cgroups are not writable here (neither cgroup v1 cpu/cpuset/memory hierarchies nor a cgroup v2 mount with "
-    "the cpu, cpuset and memory controllers): run as root on a Linux host, or drop --cpus/--memory/--cpuset"
+    "the cpu, cpuset and memory controllers): run as root on a Linux host"
 )
+WITHOUT_LIMITS = "or run without --cpus, --memory and --cpuset"
 
 _names = itertools.count()
 
@@ -308,7 +309,7 @@ class PodCgroup:
     def create(self) -> PodCgroup:
         hierarchy, reason = _find_hierarchy()
         if hierarchy is None:
-            raise LimitsError(reason)
+            raise LimitsError(f"{reason}; {WITHOUT_LIMITS}")
         needed = ["memory"]
         if self.limits.cpus is not None:
             needed.append("cpu")

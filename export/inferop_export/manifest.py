@@ -15,7 +15,7 @@ import yaml
 from inferop_core.quantity import format_bytes
 from inferop_operator.identity import API_VERSION, KIND
 from inferop_operator.plan import memory_limit, plan_service
-from inferop_operator.spec import InferenceServiceSpec, parse_spec
+from inferop_operator.spec import GPU_RESOURCE, InferenceServiceSpec, parse_spec
 
 # The sections a manifest spells out in full; the others (runtime, autoscaling, gpu) only where set.
 SPELLED_OUT = {"model", "replicas", "instances", "threads", "batching", "timeouts"}
@@ -23,14 +23,16 @@ SPELLED_OUT = {"model", "replicas", "instances", "threads", "batching", "timeout
 
 def build_manifest(spec: InferenceServiceSpec, name: str | None = None, cpus: str | None = None) -> dict[str, Any]:
     """The InferenceService for an exported model: `spec` with the threads it was exported with pinned, `cpus` or
-    else as many CPUs as those threads use, and a memory limit from the operator's peak estimate."""
+    else as many CPUs as those threads use, a memory limit from the operator's peak estimate, and the GPU the spec
+    was exported for (its gpu.memory is then what the estimate is held against)."""
     threads = plan_service(spec).threads
     spelled_out = spec.model_dump(by_alias=True, exclude_none=True, include=SPELLED_OUT)
     fields = {"model": spelled_out.pop("model"), **spelled_out}  # what is served first, as a reader looks for it
     fields |= spec.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, exclude=SPELLED_OUT | {"resources"})
     fields["threads"] |= {"intraOp": threads.intra_op, "interOp": threads.inter_op}
     cpus = cpus or str(threads.threads)
-    fields["resources"] = {"requests": {"cpu": cpus}, "limits": {"cpu": cpus}}
+    gpus = {GPU_RESOURCE: spec.resources.limits[GPU_RESOURCE]} if spec.uses_gpu else {}
+    fields["resources"] = {"requests": {"cpu": cpus}, "limits": {"cpu": cpus, **gpus}}
     peak = plan_service(parse_spec(fields)).memory.required_bytes
     memory = memory_limit(peak)
     fields["resources"]["requests"]["memory"] = fields["resources"]["limits"]["memory"] = memory

@@ -518,7 +518,7 @@ class TuneRequest:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TuneRequest:
-        from inferop.limits import LimitsError, PodLimits
+        from inferop.limits import LimitsError, PodLimits, cgroup_unavailable_reason
         from inferop.serving.localrepo import model_dirs
         from inferop_core.tritonconfig import parse_model_config, read_serving_config
 
@@ -527,6 +527,9 @@ class TuneRequest:
         except LimitsError as error:
             raise TuneError(str(error)) from None
         assert cpus is not None
+        unavailable = cgroup_unavailable_reason()
+        if unavailable is not None:  # refused now, not after the first trial's server has been set up
+            raise TuneError(f"--cpus {args.cpus}: every trial runs inside this CPU limit, in a cgroup: {unavailable}")
         model_dir = args.repo / args.model
         models = model_dirs(args.repo)
         if model_dir not in models:

@@ -191,6 +191,19 @@ class TestBuildManifest:
         assert rendered.parameters["inferop_processing"].string_value == '{"kind":"policyValue"}'
         assert "weights" not in build_manifest(CONV_NET)["spec"]["model"]
 
+    def test_a_gpu_export_keeps_its_gpu(self) -> None:
+        gpu = exported("conv_net", "hostpath:///models/conv_net", [BOARD], [POLICY, VALUE], CONV_NET_PROFILE, cpus=1)
+        gpu = parse_spec(
+            gpu.model_dump(by_alias=True, exclude_none=True)
+            | {"resources": {"limits": {"cpu": 1, "nvidia.com/gpu": 1}}, "gpu": {"memory": "16Gi"}}
+        )
+        spec = build_manifest(gpu)["spec"]
+        assert spec["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert spec["gpu"] == {"memory": "16Gi"}
+        plan = plan_service(parse_spec(spec))
+        assert plan.memory.available_bytes == 16 * 2**30 and "gpu.memory" in plan.memory.against  # the device
+        assert "nvidia.com/gpu" not in build_manifest(CONV_NET)["spec"]["resources"]["limits"]
+
     def test_the_model_comes_first(self) -> None:
         assert next(iter(build_manifest(CONV_NET)["spec"])) == "model"
 

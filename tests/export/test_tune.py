@@ -3,6 +3,7 @@ local tritonserver under a CPU quota (the tiny conv net), Ctrl-C included."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import signal
@@ -28,6 +29,8 @@ from inferop_export.tune import (
     Settings,
     Trial,
     TuneError,
+    TuneRequest,
+    add_arguments,
     default_layout,
     pareto_front,
     require_best,
@@ -202,6 +205,20 @@ def test_bad_input_is_refused_before_any_server_starts(
     result = inferop("tune", "--repo", model_repo.path, "--model", "conv_net", *flags, timeout=60)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+def test_without_cgroups_tune_is_refused_before_any_server_starts(
+    model_repo: ExportedRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import inferop.limits
+
+    (tmp_path / "mounts").write_text("proc /proc proc rw 0 0\n")
+    monkeypatch.setattr(inferop.limits, "MOUNTS", tmp_path / "mounts")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--repo", str(model_repo.path), "--model", "conv_net", "--cpus", "1"])
+    with pytest.raises(TuneError, match=r"--cpus 1: every trial runs inside this CPU limit, in a cgroup: cgroups are"):
+        TuneRequest.from_args(args)
 
 
 def test_an_unknown_model_names_those_there_are(model_repo: ExportedRepo) -> None:
