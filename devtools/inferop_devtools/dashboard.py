@@ -5,17 +5,21 @@ candidate).
 The panels are data here, and `python -m inferop_devtools.dashboard` writes the JSON (`--check`, in make check,
 fails when the file differs). Triton's panels read the series the chart's PodMonitor scrapes, with the labels its
 podTargetLabels put on them; the memory and CPU panels read the cAdvisor series each node's kubelet serves on
-/metrics/cadvisor, which kube-prometheus-stack scrapes. tests/devtools/test_dashboard.py evaluates every query
-against a real Prometheus scraping a real tritonserver under a pod's limits and a real cAdvisor reading its cgroup.
+/metrics/cadvisor, which kube-prometheus-stack scrapes; the gateway's latency panel reads the Envoy that Envoy Gateway
+runs for the service's HTTPRoute. tests/devtools/test_dashboard.py evaluates the Triton and kubelet queries against
+a real Prometheus scraping real tritonservers, one under a pod's limits, and a real cAdvisor reading its cgroup; the
+rollout drill (tests/devtools/test_rollout_dataplane.py) evaluates the Triton and gateway queries mid-rollout,
+through a real Envoy Gateway.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from inferop.paths import repo_root
 from inferop_operator.analysis import series_label
@@ -28,6 +32,9 @@ SERVICE = f'namespace="$namespace",{series_label(INSTANCE)}="$service"'
 # The Triton container of the service's pods, as the kubelet's cAdvisor series name it.
 CONTAINER = f'namespace="$namespace",pod=~"$service-.*",container="{TRITON_CONTAINER}"'
 RATE = "[$__rate_interval]"
+# The clusters Envoy Gateway makes for the rules of the service's HTTPRoute (named after the service); a mirror's
+# cluster (rule/N-mirror-M) is left out: no caller waits for it.
+ROUTE_RULES = 'envoy_cluster_name=~"httproute/$namespace/$service/rule/[0-9]+"'
 COMPUTE = ("nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
            "nv_inference_compute_output_duration_us")  # fmt: skip
 
@@ -50,6 +57,12 @@ def per_request(numerator: str) -> str:
     return f"{per_track(numerator)} / {per_track(rate('nv_inference_request_success'))}"
 
 
+def gateway_quantile(quantile: float) -> str:
+    """A quantile of the time Envoy waited for the pods' answers (ms), over every rule of the service's route."""
+    buckets = f"rate(envoy_cluster_upstream_rq_time_bucket{{{ROUTE_RULES}}}{RATE})"
+    return f"histogram_quantile({quantile}, sum by (le) ({buckets}))"
+
+
 def share_by_track(*rates: str) -> str:
     """Each track's part of the service's total of `rates`."""
     by_track = " + ".join(per_track(r) for r in rates)
@@ -69,7 +82,7 @@ class Panel:
     unit: str  # Grafana's unit id
     description: str
     queries: tuple[Query, ...]
-    source: Literal["triton", "kubelet"] = "triton"  # who publishes the series
+    source: Literal["triton", "kubelet", "gateway"] = "triton"  # who publishes the series
 
 
 PANELS = (
@@ -102,6 +115,17 @@ PANELS = (
         "of a fast model (the threads field drill's conv net under SCHED_OTHER: p99 517-535 ms with it, 87 ms "
         "without), so inferop leaves it off.",
         (Query(legend("mean"), f"{per_request(rate('nv_inference_request_duration_us'))} / 1000"),),
+    ),
+    Panel(
+        "Latency at the gateway",
+        "ms",
+        "Quantiles of the time the gateway's Envoy waited for the service's pods to answer (Envoy's histogram of "
+        "upstream request time, over every rule of the service's HTTPRoute): what callers through the Gateway "
+        "wait, less the network to the gateway. Only for a service routed through a Gateway of Envoy Gateway, "
+        "whose Envoy pods Prometheus scrapes (/stats/prometheus); Envoy's buckets (0.5, 1, 5, 10, 25, 50, 100, "
+        "250, 500 ms, 1 s...) bound the resolution.",
+        (Query("p50", gateway_quantile(0.5)), Query("p99", gateway_quantile(0.99))),
+        "gateway",
     ),
     Panel(
         "Achieved batch size",
@@ -167,6 +191,32 @@ PANELS = (
         "kubelet",
     ),
 )
+
+
+def plausible(unit: str, value: float) -> bool:
+    """Whether `value` can be a reading in `unit` for a served service under load."""
+    if not math.isfinite(value):
+        return False
+    if unit == "percentunit":
+        return 0 <= value <= 1
+    return value > 0 if unit in ("ms", "bytes") else value >= 0
+
+
+class Querier(Protocol):
+    def query(self, expr: str) -> list[Any]: ...  # samples with .labels and .value (inferop_devtools.prometheus)
+
+
+def evaluate(prometheus: Querier, panel: Panel, values: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Each query of `panel` as Prometheus answers it now, with the dashboard's `values` for its variables: by
+    legend, each series by the label its legend shows (the track, the pod; "" for none)."""
+    answers: dict[str, dict[str, float]] = {}
+    for query in panel.queries:
+        expr = query.expr
+        for name, value in values.items():
+            expr = expr.replace(name, value)
+        shown = query.legend.partition("{{")[2].partition("}}")[0]
+        answers[query.legend] = {s.labels.get(shown, ""): s.value for s in prometheus.query(expr)}
+    return answers
 
 
 def variables() -> list[dict[str, Any]]:

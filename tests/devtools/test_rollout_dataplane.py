@@ -1,6 +1,7 @@
 """One promotion and one rollback through the real data plane: the rollout drill's quick run (a good candidate,
-then one that fails on some inputs) as its own process, since it moves into a network namespace of its own (see
-inferop_devtools.drills.rollout; `make drills` runs all of its candidates at full length)."""
+with the chart's dashboard read mid-rollout, then one that fails on some inputs) as its own process, since it moves
+into a network namespace of its own (see inferop_devtools.drills.rollout; `make drills` runs all of its candidates
+at full length)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ def test_a_good_candidate_is_promoted_and_a_failing_one_rolled_back(tmp_path: Pa
     assert (good["final"], good["callers"]["failed"], good["failed_at_weight_changes"]) == ("Succeeded", 0, 0)
     weights = [t["weight"] for t in good["transitions"] if t["phase"] == "Progressing"]
     assert weights[0] == 50 and 100 in weights  # through each step, not at once
+    dashboard = good["dashboard"]  # the Triton and gateway panels at the 50% step
+    assert dashboard["every_query_answered"] and dashboard["in_unit"], json.dumps(dashboard["panels"], indent=1)
+    assert abs(dashboard["canary_share"] - 0.5) <= 0.1
     assert (failing["final"], failing["reason"]) == ("RolledBack", "AnalysisFailed")
     assert 0 < failing["callers"]["failed"] <= failing["failed_bound"]
     assert "failure ratio" in failing["message"]

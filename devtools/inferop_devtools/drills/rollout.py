@@ -7,7 +7,8 @@ It moves itself into a private network namespace first (root): the control plane
 the operator, Prometheus, one real tritonserver per Triton pod and the load all run there (gateway.plane), and
 nothing outside is touched. Candidates, each a change of a service serving a small policy/value net:
 
-    good      the same model file with a better serving config (no queue delay): promoted
+    good      the same model file with a better serving config (no queue delay): promoted; the chart's dashboard
+              (its Triton and gateway panels) read mid-rollout at the step where both tracks serve
     slow      a build three times slower (model.py's INFEROP_FAULT_SLOWDOWN), same answers: rolled back
     failing   a build that errors on boards holding 0.5 (INFEROP_FAULT_FAIL_VALUE), which the held-out boards
               never hold and a tenth of live requests do: rolled back
@@ -32,6 +33,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from inferop_devtools.choices import add_subset_option
+from inferop_devtools.dashboard import PANELS, evaluate, plausible
 from inferop_devtools.drills.traffic import Mix, Request, Sent, Traffic, board_request
 from inferop_devtools.gateway.plane import GATEWAY, MODELS, GatewayPlane, conditions, pod_cidr, wait_for
 from inferop_operator.builders import ENVOY_GATEWAY_GROUP
@@ -52,6 +55,9 @@ FAIL_VALUE = 0.5  # a cell value the failing build breaks on; held-out boards ho
 FAILING_SHARE = 0.1  # of live requests carry it
 HEADER = {"name": "x-inferop-candidate", "value": "1"}
 TICK_SECONDS = 1.0  # the operator's rollout tick in the drill
+DASHBOARD_WINDOW_SECONDS = 5  # the dashboard's $__rate_interval when the drill reads it: inside one step
+SHARE_TOLERANCE = 0.1  # how far the traffic-share panel may read from the step's weight
+ENDED = ("Succeeded", "RolledBack")  # a rollout's final phases
 P99 = 0.99
 
 
@@ -226,7 +232,7 @@ class Observer:
 
     def final(self, timeout: float) -> dict[str, Any]:
         return wait_for(
-            lambda: (s := self.state()).get("phase") in ("Succeeded", "RolledBack") and s,
+            lambda: (s := self.state()).get("phase") in ENDED and s,
             f"the rollout of {self.name} to end",
             timeout,
             lambda: json.dumps(self.state(), indent=1)[:3000],
@@ -325,18 +331,68 @@ class Drill:
     # -- one per candidate
 
     def roll(
-        self, name: str, change: dict[str, Any], rollout: dict[str, Any] | None = None, admission: bool = False
+        self,
+        name: str,
+        change: dict[str, Any],
+        rollout: dict[str, Any] | None = None,
+        admission: bool = False,
+        during: Callable[[str, Observer], dict[str, Any]] | None = None,
     ) -> Run:
         """The service up, live traffic, then `change` of its spec, until the rollout ends; with `admission`, what
-        the gateway admits (`self.admission`) before the change."""
-        with self.service(name, rollout or self.settings.rollout()) as observer:
+        the gateway admits (`self.admission`) before the change; `during` runs beside the rollout, from the change
+        on, and its answer is the run's `seen`."""
+        with self.service(name, rollout or self.settings.rollout()) as observer, ThreadPoolExecutor(1) as beside:
             admitted = self.admission(name) if admission else None
             traffic = self.traffic(name)
             time.sleep(3)
             changed = self.change(name, change)
+            seen = beside.submit(during, name, observer) if during else None
             final = observer.final(self.timeout())
             outcomes = traffic.stop()
-        return Run(observer, [s for s in outcomes if s.at >= changed], changed, final, admitted)
+            found = seen.result(timeout=60) if seen else None
+        return Run(observer, [s for s in outcomes if s.at >= changed], changed, final, admitted, found)
+
+    def dashboard_mid_rollout(self, name: str, observer: Observer) -> dict[str, Any]:
+        """The chart's dashboard, its Triton and gateway panels, as Prometheus answers them at the first step where
+        both tracks serve, with rates over a window inside that step: read once every query has data, or as the
+        step ends."""
+        weight = next(w for w in self.settings.steps if 0 < w < 100)
+
+        def at_the_step_or_ended() -> dict[str, Any] | None:
+            last = observer.transitions[-1] if observer.transitions else None
+            return last if last and (last["weight"] == weight or last["phase"] in ENDED) else None
+
+        last = wait_for(at_the_step_or_ended, f"the step to {weight}%", self.timeout())
+        if last["weight"] != weight:
+            return {"weight": weight, "every_query_answered": False, "in_unit": False, "still_at_the_step": False,
+                    "canary_share": math.nan, "ended_before_the_step": last["phase"]}  # fmt: skip
+        entered = time.monotonic()
+        time.sleep(DASHBOARD_WINDOW_SECONDS + 1)
+        values = {"$namespace": MODELS, "$service": name, "$__rate_interval": f"{DASHBOARD_WINDOW_SECONDS}s"}
+        panels = [panel for panel in PANELS if panel.source in ("triton", "gateway")]
+        while True:
+            read = {panel.title: evaluate(self.plane.prometheus, panel, values) for panel in panels}
+            complete = all(series for answers in read.values() for series in answers.values())
+            if complete or time.monotonic() - entered > self.settings.step_seconds - 1:
+                break
+            time.sleep(0.5)
+        in_unit = all(
+            plausible(panel.unit, value)
+            for panel in panels
+            for series in read[panel.title].values()
+            for value in series.values()
+        )
+        share = next(iter(read["Traffic share by track"].values()))
+        return {
+            "weight": weight,
+            "read_at_seconds_into_step": round(time.monotonic() - entered, 1),
+            "still_at_the_step": observer.transitions[-1]["weight"] == weight,
+            "every_query_answered": complete,
+            "in_unit": in_unit,
+            "canary_share": round(share.get(COMPONENTS["candidate"], 0.0), 3),
+            "gateway_p99_ms": next(iter(read["Latency at the gateway"]["p99"].values()), None),
+            "panels": read,
+        }
 
     def admission(self, name: str, timeout: float = 30.0) -> dict[str, Any]:
         """The bound on parallel requests the operator's BackendTrafficPolicy sets for `name`, whether Envoy Gateway
@@ -360,12 +416,15 @@ class Drill:
         return {"model": {**model, "weights": "random (seed 0)", **changes}}
 
     def good(self) -> dict[str, Any]:
-        run = self.roll("good", {"batching": {"maxQueueDelayMicroseconds": 0}}, admission=True)
+        change = {"batching": {"maxQueueDelayMicroseconds": 0}}
+        run = self.roll("good", change, admission=True, during=self.dashboard_mid_rollout)
         at_changes = run.failed_near(run.observer.weight_changes())
-        assert run.admission is not None
+        assert run.admission is not None and run.seen is not None
+        dashboard = run.seen
         return run.report(
             failed_at_weight_changes=len(at_changes),
             admission=run.admission,
+            dashboard=dashboard,
             goals=goals(
                 ("promoted to 100% automatically", run.final["phase"] == "Succeeded"),
                 ("at most 0.1% of requests fail over the whole rollout", (run.callers["failed_ratio"] or 0) <= 0.001),
@@ -373,6 +432,14 @@ class Drill:
                 (
                     "the gateway admits what the pods hold: Envoy enforces the operator's bound on the route",
                     run.admission["enforced"],
+                ),
+                (
+                    "mid-rollout, every query of the dashboard's Triton and gateway panels answers in its unit",
+                    dashboard["every_query_answered"] and dashboard["in_unit"] and dashboard["still_at_the_step"],
+                ),
+                (
+                    f"the dashboard's traffic share reads the step's weight within {SHARE_TOLERANCE:g}",
+                    abs(dashboard["canary_share"] - dashboard["weight"] / 100) <= SHARE_TOLERANCE,
                 ),
             ),
         )
@@ -681,6 +748,7 @@ class Run:
     changed: float
     final: dict[str, Any]
     admission: dict[str, Any] | None = None  # Drill.admission, before the change
+    seen: dict[str, Any] | None = None  # what `during` found beside the rollout
 
     @property
     def callers(self) -> dict[str, Any]:
@@ -809,7 +877,10 @@ def format_rollout(result: dict[str, Any]) -> str:
         seen = (
             f"{callers_seen.get('sent')} sent, {callers_seen.get('failed')} failed, p99 {callers_seen.get('p99_ms')} ms"
         )
-        figures = "; ".join(f"{key} {value}" for key, value in scenario.items() if key not in skip)
+        shown = {key: value for key, value in scenario.items() if key not in skip}
+        if "dashboard" in shown:  # its figures, not every panel's series
+            shown["dashboard"] = {key: value for key, value in shown["dashboard"].items() if key != "panels"}
+        figures = "; ".join(f"{key} {value}" for key, value in shown.items())
         met = "<br>".join(f"{'met' if g['met'] else 'NOT MET'}: {g['text']}" for g in scenario["goals"])
         lines.append(f"| {name} | {outcome} | {seen} | {figures} | {met} |")
     return "\n".join(lines)

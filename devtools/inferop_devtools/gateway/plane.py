@@ -4,7 +4,7 @@
     the operator, as its own process, with a Prometheus URL
     Envoy Gateway and its Envoy (envoygateway, kubelet), one Gateway `inference` in namespace `models`
     the operator's Triton pods, each a real tritonserver at its pod IP (tritonpods)
-    Prometheus scraping each Triton pod with the labels the chart's PodMonitor gives it
+    Prometheus scraping each Triton pod with the labels the chart's PodMonitor gives it, and Envoy's stats
 
 Everything runs in the caller's network namespace, which must be private with kwok's pod range local
 (namespaces.enter_private_network, `pod_cidr`): call that first. Needs root, and scripts/kube-current.sh,
@@ -55,6 +55,11 @@ POD_CIDR = "10.0.0.1/24"
 def pod_cidr() -> str:
     """The range `enter_private_network` must make local."""
     return POD_CIDR
+
+
+def envoy_stats_job(address: str) -> dict[str, Any]:
+    """The scrape of Envoy's Prometheus stats, as Envoy Gateway's docs have a PodMonitor scrape its proxies."""
+    return {"job_name": "envoy", "metrics_path": "/stats/prometheus", "static_configs": [{"targets": [address]}]}
 
 
 def infrastructure_objects(namespace: str = MODELS, gateway: str = GATEWAY) -> list[Json]:
@@ -178,6 +183,7 @@ class GatewayPlane:
         self.workdir, self.operator_env, self.faults, self.cpuset = workdir, dict(operator_env or {}), faults, cpuset
         self.stack = contextlib.ExitStack()
         self.envoy_address = ""  # host:port of Envoy's listener for the Gateway
+        self.envoy_metrics = ""  # host:port of its Prometheus stats (/stats/prometheus), its pod's `metrics` port
 
     def __enter__(self) -> GatewayPlane:
         try:
@@ -212,7 +218,7 @@ class GatewayPlane:
 
         targets = workdir / "prometheus-targets.json"
         targets.write_text("[]")
-        self.prometheus = Prometheus([], file_sd=targets)
+        self.prometheus = Prometheus([], file_sd=targets, jobs=[envoy_stats_job(self.envoy_metrics)])
         self.prometheus.start()
         stack.callback(self.prometheus.stop)
 
@@ -258,6 +264,9 @@ class GatewayPlane:
         services = self.cluster.list("v1", "Service", NAMESPACE, selector)
         port = next(p["targetPort"] for p in services[0]["spec"]["ports"] if p["port"] == LISTENER_PORT)
         self.envoy_address = f"{envoy.pod_ip}:{port}"
+        (container,) = (c for c in pod["spec"]["containers"] if c["name"] == "envoy")
+        metrics = next(p["containerPort"] for p in container.get("ports", ()) if p.get("name") == "metrics")
+        self.envoy_metrics = f"{envoy.pod_ip}:{metrics}"
 
     # ------------------------------------------------------------------------------------------- services
 
