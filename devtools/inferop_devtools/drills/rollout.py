@@ -45,6 +45,7 @@ from inferop_devtools.choices import add_subset_option
 from inferop_devtools.dashboard import PANELS, evaluate, plausible
 from inferop_devtools.drills.traffic import Mix, Request, Sent, Traffic, board_request
 from inferop_devtools.gateway.plane import GATEWAY, MODELS, GatewayPlane, conditions, pod_cidr, wait_for
+from inferop_operator.analysis import series_label
 from inferop_operator.builders import ENVOY_GATEWAY_GROUP
 from inferop_operator.identity import COMPONENT, COMPONENTS, INSTANCE
 
@@ -75,7 +76,9 @@ class Settings:
     @classmethod
     def of(cls, quick: bool) -> Settings:
         if quick:
-            return cls(steps=[50, 100], step_seconds=10, interval_seconds=5, min_requests=10, rate=30.0)
+            # Steps of 15 s: the dashboard's reading (Drill.dashboard_mid_rollout) needs Envoy's switch (seconds on a
+            # busy machine) and a 5 s window inside the first.
+            return cls(steps=[50, 100], step_seconds=15, interval_seconds=5, min_requests=10, rate=30.0)
         return cls(steps=[5, 25, 50, 100], step_seconds=30, interval_seconds=10, min_requests=20, rate=60.0)
 
     def rollout(self, **changes: Any) -> dict[str, Any]:
@@ -354,8 +357,9 @@ class Drill:
 
     def dashboard_mid_rollout(self, name: str, observer: Observer) -> dict[str, Any]:
         """The chart's dashboard, its Triton and gateway panels, as Prometheus answers them at the first step where
-        both tracks serve, with rates over a window inside that step: read once every query has data, or as the
-        step ends."""
+        both tracks serve, with rates over a window inside that step and after Envoy applied it (the candidate's
+        pods, which had no traffic before, answer a request: seconds after the status on a busy machine) and while
+        Prometheus scraped every pod, read once every query has data, or as the step ends."""
         weight = next(w for w in self.settings.steps if 0 < w < 100)
 
         def at_the_step_or_ended() -> dict[str, Any] | None:
@@ -367,13 +371,26 @@ class Drill:
             return {"weight": weight, "every_query_answered": False, "in_unit": False, "still_at_the_step": False,
                     "canary_share": math.nan, "ended_before_the_step": last["phase"]}  # fmt: skip
         entered = time.monotonic()
+        window = f"{DASHBOARD_WINDOW_SECONDS}s"
+        candidate = COMPONENTS["candidate"]
+        before = observer.received(candidate)
+        wait_for(lambda: observer.received(candidate) > before, "the candidate's first request", self.timeout())
+        switched = time.monotonic()
         time.sleep(DASHBOARD_WINDOW_SECONDS + 1)
-        values = {"$namespace": MODELS, "$service": name, "$__rate_interval": f"{DASHBOARD_WINDOW_SECONDS}s"}
+        # And every pod of the service scraped throughout the window: Prometheus takes up a new target (the
+        # candidate's pods) on a 5 s tick, and a series begun mid-window reads low.
+        scraped = f'min(count_over_time(up{{namespace="{MODELS}",{series_label(INSTANCE)}="{name}"}}[{window}]))'
+        step_ends = entered + self.settings.step_seconds - 1
+        while not (covered := self.plane.prometheus.query(scraped)) or covered[0].value < DASHBOARD_WINDOW_SECONDS:
+            if time.monotonic() > step_ends:
+                break
+            time.sleep(0.5)
+        values = {"$namespace": MODELS, "$service": name, "$__rate_interval": window}
         panels = [panel for panel in PANELS if panel.source in ("triton", "gateway")]
         while True:
             read = {panel.title: evaluate(self.plane.prometheus, panel, values) for panel in panels}
             complete = all(series for answers in read.values() for series in answers.values())
-            if complete or time.monotonic() - entered > self.settings.step_seconds - 1:
+            if complete or time.monotonic() > step_ends:
                 break
             time.sleep(0.5)
         in_unit = all(
@@ -385,6 +402,8 @@ class Drill:
         share = next(iter(read["Traffic share by track"].values()))
         return {
             "weight": weight,
+            "envoy_switched_seconds_into_step": round(switched - entered, 1),
+            "scrapes_of_each_pod_in_the_window": covered[0].value if covered else 0,
             "read_at_seconds_into_step": round(time.monotonic() - entered, 1),
             "still_at_the_step": observer.transitions[-1]["weight"] == weight,
             "every_query_answered": complete,
@@ -823,7 +842,7 @@ def main(argv: list[str] | None = None) -> int:
     from inferop_devtools.gateway.namespaces import enter_private_network
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="two steps of 10 s (make test's size)")
+    parser.add_argument("--quick", action="store_true", help="two steps of 15 s (make test's size)")
     add_subset_option(parser, "--scenarios", SCENARIOS)
     parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
     parser.add_argument("--workdir", type=Path, default=None, help="kept afterwards (default: a temporary one)")
