@@ -35,6 +35,9 @@ RATE = "[$__rate_interval]"
 # The clusters Envoy Gateway makes for the rules of the service's HTTPRoute (named after the service); a mirror's
 # cluster (rule/N-mirror-M) is left out: no caller waits for it.
 ROUTE_RULES = 'envoy_cluster_name=~"httproute/$namespace/$service/rule/[0-9]+"'
+# Envoy's stats flush (its bootstrap's stats_flush_interval; Envoy Gateway keeps the default): the histograms that
+# /stats/prometheus serves change only then, while counters move with every request.
+ENVOY_STATS_FLUSH_SECONDS = 5
 COMPUTE = ("nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
            "nv_inference_compute_output_duration_us")  # fmt: skip
 
@@ -83,6 +86,13 @@ class Panel:
     description: str
     queries: tuple[Query, ...]
     source: Literal["triton", "kubelet", "gateway"] = "triton"  # who publishes the series
+    # Grafana's "Min interval" of the panel: the least $__interval, which $__rate_interval exceeds by a scrape.
+    min_interval_seconds: int = 0
+
+    def rate_interval_seconds(self, interval_seconds: float, scrape_seconds: float) -> float:
+        """$__rate_interval as Grafana computes it for this panel: max($__interval + scrape, 4 x scrape), with
+        $__interval raised to the panel's min interval; `interval_seconds` is the one the time range gives."""
+        return max(max(interval_seconds, self.min_interval_seconds) + scrape_seconds, 4 * scrape_seconds)
 
 
 PANELS = (
@@ -123,9 +133,14 @@ PANELS = (
         "upstream request time, over every rule of the service's HTTPRoute): what callers through the Gateway "
         "wait, less the network to the gateway. Only for a service routed through a Gateway of Envoy Gateway, "
         "whose Envoy pods Prometheus scrapes (/stats/prometheus); Envoy's buckets (0.5, 1, 5, 10, 25, 50, 100, "
-        "250, 500 ms, 1 s...) bound the resolution.",
+        "250, 500 ms, 1 s...) bound the resolution. Envoy updates these histograms once per stats flush (5 s), so "
+        "the panel's min interval is two flushes: a window that holds no flush has no increase to read, and the "
+        "quantiles would read NaN with traffic flowing.",
         (Query("p50", gateway_quantile(0.5)), Query("p99", gateway_quantile(0.99))),
         "gateway",
+        # $__rate_interval is then at least max(2 flushes + 1 scrape, 4 scrapes): the samples in it, up to a scrape
+        # short of it at either end, still span a whole flush interval, whatever the scrape interval.
+        min_interval_seconds=2 * ENVOY_STATS_FLUSH_SECONDS,
     ),
     Panel(
         "Achieved batch size",
@@ -206,13 +221,17 @@ class Querier(Protocol):
     def query(self, expr: str) -> list[Any]: ...  # samples with .labels and .value (inferop_devtools.prometheus)
 
 
-def evaluate(prometheus: Querier, panel: Panel, values: dict[str, str]) -> dict[str, dict[str, float]]:
-    """Each query of `panel` as Prometheus answers it now, with the dashboard's `values` for its variables: by
-    legend, each series by the label its legend shows (the track, the pod; "" for none)."""
+def evaluate(
+    prometheus: Querier, panel: Panel, values: dict[str, str], interval_seconds: float, scrape_seconds: float
+) -> dict[str, dict[str, float]]:
+    """Each query of `panel` as Prometheus answers it now, with the dashboard's `values` for its variables and the
+    $__rate_interval Grafana gives the panel at a time range's `interval_seconds` and Prometheus' `scrape_seconds`:
+    by legend, each series by the label its legend shows (the track, the pod; "" for none)."""
+    window = f"{panel.rate_interval_seconds(interval_seconds, scrape_seconds):g}s"
     answers: dict[str, dict[str, float]] = {}
     for query in panel.queries:
         expr = query.expr
-        for name, value in values.items():
+        for name, value in (values | {"$__rate_interval": window}).items():
             expr = expr.replace(name, value)
         shown = query.legend.partition("{{")[2].partition("}}")[0]
         answers[query.legend] = {s.labels.get(shown, ""): s.value for s in prometheus.query(expr)}
@@ -254,6 +273,7 @@ def panel_json(panel: Panel, index: int) -> dict[str, Any]:
         "datasource": {"type": "prometheus", "uid": "${datasource}"},
         "gridPos": {"h": 8, "w": 12, "x": 12 * (index % 2), "y": 8 * (index // 2)},
         "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+        **({"interval": f"{panel.min_interval_seconds}s"} if panel.min_interval_seconds else {}),
         "targets": [
             {"refId": chr(ord("A") + n), "expr": query.expr, "legendFormat": query.legend}
             for n, query in enumerate(panel.queries)

@@ -19,7 +19,16 @@ from inferop.limits import PodLimits, cgroup_unavailable_reason
 from inferop.serving.tritonserver import TritonServer, free_port
 from inferop_devtools.cluster.addons import Cadvisor, ContainerName, addon_binaries, kubelet_job
 from inferop_devtools.cluster.controlplane import ClusterError
-from inferop_devtools.dashboard import DASHBOARD_PATH, PANELS, dashboard, evaluate, plausible, rendered
+from inferop_devtools.dashboard import (
+    DASHBOARD_PATH,
+    ENVOY_STATS_FLUSH_SECONDS,
+    PANELS,
+    Panel,
+    dashboard,
+    evaluate,
+    plausible,
+    rendered,
+)
 from inferop_devtools.prometheus import Prometheus, PrometheusError, find_binary, render_chart
 from inferop_operator.identity import TRITON_CONTAINER
 from tests.devtools.test_prometheus import POD
@@ -36,8 +45,9 @@ LIMITS = PodLimits(cpus=0.5, memory_bytes=2 * 2**30)
 TRACKS = {STABLE[TRACK], CANARY[TRACK]}
 # Scrapes every 2 s, so that each may take 2 s (a scrape's timeout is at most its interval): the stable pod's
 # metrics endpoint answers slowly at its CPU limit, and a scrape that times out leaves a gap in its series.
-SCRAPE_INTERVAL = "2s"
-VARIABLES = {"$namespace": POD["namespace"], "$service": POD["app_kubernetes_io_instance"], "$__rate_interval": "10s"}
+SCRAPE_SECONDS = 2
+VARIABLES = {"$namespace": POD["namespace"], "$service": POD["app_kubernetes_io_instance"]}
+INTERVAL_SECONDS = 8  # the $__interval of a short time range: rates over 10 s
 CALLERS = 4  # closed-loop callers: enough for batches of more than one
 # Each caller sends this many calls to the stable pod for every one to the canary: the rollout's weight.
 STABLE_CALLS = 3
@@ -55,6 +65,20 @@ def test_each_panel_has_a_unit_and_every_query_its_own_legend() -> None:
     assert all(len({t["refId"] for t in p["targets"]}) == len(p["targets"]) for p in panels)
 
 
+@pytest.mark.parametrize("scrape_seconds", [0.5, 1, 2, 5, 10, 15, 30, 60])
+@pytest.mark.parametrize("interval_seconds", [0.1, 1, 4, 30])
+def test_the_gateway_s_window_spans_an_envoy_flush_at_any_scrape_interval(
+    scrape_seconds: float, interval_seconds: float
+) -> None:
+    """Envoy's histograms change once per stats flush: a rate window whose samples (a scrape short of it at either
+    end) span less than a flush can hold no change, and the quantiles read NaN with traffic flowing."""
+    (gateway,) = (panel for panel in PANELS if panel.source == "gateway")
+    window = gateway.rate_interval_seconds(interval_seconds, scrape_seconds)
+    assert window - 2 * scrape_seconds >= ENVOY_STATS_FLUSH_SECONDS
+    (shipped,) = (p for p in dashboard()["panels"] if p["title"] == gateway.title)
+    assert shipped["interval"] == f"{gateway.min_interval_seconds}s"  # what makes Grafana widen it
+
+
 @pytest.mark.integration
 def test_the_chart_renders_it_only_when_enabled_with_the_sidecar_s_label() -> None:
     def config_maps(*args: str) -> list[dict[str, Any]]:
@@ -65,6 +89,10 @@ def test_the_chart_renders_it_only_when_enabled_with_the_sidecar_s_label() -> No
     (shipped,) = config_maps("--set", "dashboard.enabled=true")
     assert shipped["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(shipped["data"]["inferop.json"]) == dashboard()
+
+
+def read(prometheus: Prometheus, panel: Panel) -> dict[str, dict[str, float]]:
+    return evaluate(prometheus, panel, VARIABLES, INTERVAL_SECONDS, SCRAPE_SECONDS)
 
 
 @pytest.fixture(scope="module")
@@ -127,13 +155,13 @@ def test_every_panel_returns_data_in_its_unit_under_load(
         "static_configs": [{"targets": [f"127.0.0.1:{triton.server.metrics_port}"], "labels": CANARY}],
     }
     with Cadvisor(tmp_path, bin_dir=bin_dir) as cadvisor:
-        jobs = [canary, kubelet_job(cadvisor.address, containers, SCRAPE_INTERVAL)]
+        jobs = [canary, kubelet_job(cadvisor.address, containers, f"{SCRAPE_SECONDS}s")]
         stable = [f"127.0.0.1:{stable_pod.metrics_port}"]
-        with Prometheus(stable, labels=STABLE, jobs=jobs, scrape_interval=SCRAPE_INTERVAL) as prometheus:
+        with Prometheus(stable, labels=STABLE, jobs=jobs, scrape_interval=f"{SCRAPE_SECONDS}s") as prometheus:
             prometheus.wait_for_targets()
             figures = {
                 panel.title: wait_for(
-                    lambda panel=panel: (found := evaluate(prometheus, panel, VARIABLES)) and complete(found) and found,
+                    lambda panel=panel: (found := read(prometheus, panel)) and complete(found) and found,
                     timeout=60,
                     interval=0.5,
                     what=f"data for every query of {panel.title!r}",

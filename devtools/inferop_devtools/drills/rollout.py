@@ -44,7 +44,15 @@ import numpy as np
 from inferop_devtools.choices import add_subset_option
 from inferop_devtools.dashboard import PANELS, evaluate, plausible
 from inferop_devtools.drills.traffic import Mix, Request, Sent, Traffic, board_request
-from inferop_devtools.gateway.plane import GATEWAY, MODELS, GatewayPlane, conditions, pod_cidr, wait_for
+from inferop_devtools.gateway.plane import (
+    GATEWAY,
+    MODELS,
+    SCRAPE_SECONDS,
+    GatewayPlane,
+    conditions,
+    pod_cidr,
+    wait_for,
+)
 from inferop_operator.analysis import series_label
 from inferop_operator.builders import ENVOY_GATEWAY_GROUP
 from inferop_operator.identity import COMPONENT, COMPONENTS, INSTANCE
@@ -56,7 +64,9 @@ FAIL_VALUE = 0.5  # a cell value the failing build breaks on; held-out boards ho
 FAILING_SHARE = 0.1  # of live requests carry it
 HEADER = {"name": "x-inferop-candidate", "value": "1"}
 TICK_SECONDS = 1.0  # the operator's rollout tick in the drill
-DASHBOARD_WINDOW_SECONDS = 5  # the dashboard's $__rate_interval when the drill reads it: inside one step
+# The rate window of the dashboard's Triton panels when the drill reads it (their $__rate_interval): inside one step.
+# The gateway's panel takes a longer one, as Grafana gives it (its min interval).
+DASHBOARD_WINDOW_SECONDS = 5
 SHARE_TOLERANCE = 0.1  # how far the traffic-share panel may read from the step's weight
 ENDED = ("Succeeded", "RolledBack")  # a rollout's final phases
 P99 = 0.99
@@ -385,10 +395,14 @@ class Drill:
             if time.monotonic() > step_ends:
                 break
             time.sleep(0.5)
-        values = {"$namespace": MODELS, "$service": name, "$__rate_interval": window}
+        values = {"$namespace": MODELS, "$service": name}
+        interval = DASHBOARD_WINDOW_SECONDS - SCRAPE_SECONDS  # the $__interval that gives the Triton panels' window
         panels = [panel for panel in PANELS if panel.source in ("triton", "gateway")]
         while True:
-            read = {panel.title: evaluate(self.plane.prometheus, panel, values) for panel in panels}
+            read = {
+                panel.title: evaluate(self.plane.prometheus, panel, values, interval, SCRAPE_SECONDS)
+                for panel in panels
+            }
             complete = all(series for answers in read.values() for series in answers.values())
             if complete or time.monotonic() > step_ends:
                 break

@@ -50,6 +50,7 @@ FIELD_MANAGER = "inferop-drill"
 # The pod IPs kwok hands out here: not loopback, which EndpointSlices refuse (and Envoy would find no endpoint),
 # made local by `enter_private_network` inside the drill's own network namespace.
 POD_CIDR = "10.0.0.1/24"
+SCRAPE_SECONDS = 1  # Prometheus' scrape interval: a rollout's quick steps last seconds
 
 
 def pod_cidr() -> str:
@@ -218,7 +219,9 @@ class GatewayPlane:
 
         targets = workdir / "prometheus-targets.json"
         targets.write_text("[]")
-        self.prometheus = Prometheus([], file_sd=targets, jobs=[envoy_stats_job(self.envoy_metrics)])
+        self.prometheus = Prometheus(
+            [], file_sd=targets, jobs=[envoy_stats_job(self.envoy_metrics)], scrape_interval=f"{SCRAPE_SECONDS}s"
+        )
         self.prometheus.start()
         stack.callback(self.prometheus.stop)
 
