@@ -5,10 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CACHE ?= $(HOME)/.cache/inferop
 export INFEROP_CACHE := $(CACHE)
-# Where the chart and the tests find helm and kubectl, the control planes' binaries (1.20 and the current release),
-# the cluster add-ons (kwok, prometheus-adapter), the gateway (Envoy Gateway, Envoy, Gateway API's CRDs) and an S3 server
-# (versitygw). On a fresh machine the Go builds take about 35 minutes
-# once (README: "The local control plane").
+# Where the chart and the tests find helm and kubectl, the control planes' binaries (1.20 and the current release, with
+# the kubelet and kube-proxy), the node's runtime (containerd, runc, the CNI plugins, a Debian root filesystem for its
+# images), the cluster add-ons (kwok, prometheus-adapter), the gateway (Envoy Gateway, Envoy, Gateway API's CRDs) and
+# an S3 server (versitygw). On a fresh machine the builds take about 25 minutes once (docs/operations/local-cluster.md).
 TOOLS_STAMP := $(CACHE)/.tools-ready
 
 .PHONY: help install demo test unit check lint format bench field drills tools e2e-kind crd docs clean
@@ -49,9 +49,10 @@ tools: $(TOOLS_STAMP)
 
 $(TOOLS_STAMP): scripts/kube-binaries.sh scripts/kube-current.sh scripts/kube-addons.sh scripts/go-cache.sh \
 		scripts/helm-kubectl.sh scripts/tools-venv.sh scripts/prometheus.sh scripts/gateway.sh scripts/s3-server.sh \
-		scripts/cadvisor/main.go scripts/cadvisor/go.mod
+		scripts/cadvisor/main.go scripts/cadvisor/go.mod scripts/kube-node.sh scripts/node/pause.c
 	bash scripts/kube-binaries.sh >/dev/null
 	bash scripts/kube-current.sh >/dev/null
+	bash scripts/kube-node.sh >/dev/null
 	bash scripts/kube-addons.sh >/dev/null
 	bash scripts/gateway.sh >/dev/null
 	bash scripts/s3-server.sh >/dev/null

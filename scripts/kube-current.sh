@@ -17,7 +17,7 @@ set -euo pipefail
 
 KUBE_VERSION=v1.37.2
 ETCD_SERIES=v3.6
-KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 NEEDED=("${KUBE_COMMANDS[@]}" etcd)
 SCRIPT=kube-current
 CACHE="${INFEROP_CACHE:-$HOME/.cache/inferop}/kube-1.37"

@@ -7,7 +7,7 @@ fixtures for them skip with a reason that says how to get what is missing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -22,6 +22,23 @@ from tests.helpers import (
     RunningServer,
     inferop_with_credentials,
 )
+
+# Figures a test measured on the way (e.g. how long a scale took), printed at the end of the run: a print would go
+# to the operator's runner, which captures the standard streams while it runs.
+MEASURED: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if MEASURED:
+        terminalreporter.section("measured")
+        for line in MEASURED:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture()
+def measured(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Record a figure for the run's summary, under the test's id."""
+    return lambda line: MEASURED.append(f"{request.node.nodeid.split('::')[-1]}: {line}")
 
 
 @pytest.fixture(scope="session")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from inferop_devtools.cluster.addons import LocalNode
 from inferop_devtools.cluster.controlplane import (
     FRONT_PROXY_CLIENT,
+    KUBELET_CLIENT,
     KUBERNETES_1_20,
     KUBERNETES_1_37,
     KUBERNETES_RELEASES,
@@ -41,6 +41,7 @@ from inferop_devtools.cluster.controlplane import (
     process_running,
     scheduler_command,
 )
+from inferop_devtools.cluster.node import NODE_NAME, Node
 from inferop_devtools.cluster.tools import not_established
 from tests.helpers import wait_for
 
@@ -73,7 +74,11 @@ class TestApiserverCommand:
             ("secure-port", "6443"),
             ("bind-address", "127.0.0.1"),
             ("advertise-address", "127.0.0.1"),
-            ("authorization-mode", "RBAC"),
+            ("authorization-mode", "Node,RBAC"),
+            ("enable-admission-plugins", "NodeRestriction"),
+            ("kubelet-preferred-address-types", "InternalIP"),
+            ("kubelet-certificate-authority", "/state/pki/ca.pem"),
+            ("endpoint-reconciler-type", "none"),
             ("client-ca-file", "/state/pki/ca.pem"),
             ("tls-cert-file", "/state/pki/apiserver.pem"),
             ("tls-private-key-file", "/state/pki/apiserver-key.pem"),
@@ -99,6 +104,26 @@ class TestApiserverCommand:
         signing = [argv for argv in openssl_commands(LAYOUT) if argv[-1] == apiserver["proxy-client-cert-file"]]
         assert len(signing) == 1 and "/state/pki/front-proxy-ca.pem" in signing[0]
         assert any(f"/CN={FRONT_PROXY_CLIENT}" in argv for argv in openssl_commands(LAYOUT))
+
+    @each_release
+    def test_listens_where_a_node_reaches_it_and_advertises_that_address(self, release: KubernetesRelease) -> None:
+        """With a node, pods reach the apiserver through the `kubernetes` Service, whose endpoint is the address it
+        advertises: a loopback address is refused there, so it listens on the node's link and keeps the endpoint."""
+        ports = Ports(**{**PORTS.__dict__, "address": "10.89.0.1"})
+        apiserver = flags(apiserver_command(release, BIN, LAYOUT, ports))
+        assert (apiserver["bind-address"], apiserver["advertise-address"]) == ("10.89.0.1", "10.89.0.1")
+        assert "endpoint-reconciler-type" not in apiserver
+        assert ports.server == "https://10.89.0.1:6443"
+        assert "IP:10.89.0.1" in openssl_extensions("10.89.0.1")
+        assert "IP:10.89.0.1" not in openssl_extensions()
+
+    @each_release
+    def test_calls_kubelets_as_a_user_who_may_read_logs_and_exec(self, release: KubernetesRelease) -> None:
+        apiserver = flags(apiserver_command(release, BIN, LAYOUT, PORTS))
+        (signing,) = [argv for argv in openssl_commands(LAYOUT) if argv[-1] == apiserver["kubelet-client-certificate"]]
+        subject = next(argv for argv in openssl_commands(LAYOUT) if f"{LAYOUT.pki}/{KUBELET_CLIENT}.csr" in argv)
+        assert "/O=system:masters/CN=apiserver-kubelet-client" in subject
+        assert "/state/pki/ca.pem" in signing
 
     @each_release
     def test_has_a_service_account_issuer(self, release: KubernetesRelease) -> None:
@@ -313,54 +338,45 @@ def cli(*args: str, bin_dir: Path) -> subprocess.CompletedProcess[str]:
     """`inferop cluster ...` in a fresh interpreter, as a user runs it."""
     env = {**os.environ, "KUBEBUILDER_ASSETS": str(bin_dir)}
     command = [sys.executable, "-m", "inferop_core.cli", "cluster", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
-
-
-def ready_replicas(kubeconfig: Path) -> int | None:
-    """Apply a one-pod Deployment and wait briefly for it: its ready replicas, as `kubectl get` shows them."""
-    api = config.new_client_from_config(config_file=str(kubeconfig))
-    apps: Any = client.AppsV1Api(api)
-    labels = {"app": "web"}
-    pod = {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}}
-    apps.create_namespaced_deployment(
-        "default",
-        {"metadata": {"name": "web"}, "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": pod}},
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        ready: int | None = apps.read_namespaced_deployment("web", "default").status.ready_replicas
-        if ready:
-            return ready
-        time.sleep(0.5)
-    return None
+    # A first `up` on a fresh machine writes the node's images (docs/operations/local-cluster.md): minutes, once.
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
 
 
 @pytest.mark.integration
 def test_cli_up_is_idempotent_and_down_leaves_no_process(
     release: KubernetesRelease, bin_dir: Path, tmp_path: Path
 ) -> None:
-    """`up` gives a cluster where a Deployment's pod becomes Ready (a fake node played by kwok) on a release with a
-    scheduler, and says that pods stay Pending on one without; `down` stops everything it started."""
+    """`up` gives a cluster with a real node (tests/devtools/test_node.py runs pods on it) on a release with a
+    scheduler, and says that pods stay Pending on one without; a second `up` finds it running; `down` stops
+    everything it started."""
     state_dir = tmp_path / "cluster"
     up = ("up", "--state-dir", str(state_dir), "--kubernetes", release.name)
+    node = Node(Layout(state_dir))
     try:
         first = cli(*up, bin_dir=bin_dir)
         assert first.returncode == 0, first.stderr
-        assert first.stdout == f"export KUBECONFIG={state_dir / 'kubeconfig'}\n"
+        exports = first.stdout.splitlines()
+        assert exports[0] == f"export KUBECONFIG={state_dir / 'kubeconfig'}"
         pids = ControlPlane(state_dir).pids()
         assert set(pids) == set(release.components)
-        node = LocalNode(state_dir).recorded()
+        recorded = node.recorded()
         if release.schedules_pods:
-            assert f"node {LocalNode.NAME} Ready" in first.stderr
-            assert node is not None
-            assert ready_replicas(state_dir / "kubeconfig") == 1
+            assert re.search(
+                rf"node {NODE_NAME} Ready in [0-9.]+ s \(control plane [0-9.]+ s, containerd", first.stderr
+            )
+            assert recorded is not None and node.running()
+            images = node.images()
+            assert exports[1:] == [
+                f"export INFEROP_TRITON_IMAGE={images['triton']}",
+                f"export INFEROP_CHART_VALUES={node.layout.chart_values}",
+            ]
         else:
-            assert "pods stay Pending" in first.stderr and node is None
+            assert "pods stay Pending" in first.stderr and recorded is None and exports[1:] == []
 
         again = cli(*up, bin_dir=bin_dir)
         assert again.stdout == first.stdout
         assert ControlPlane(state_dir).pids() == pids
-        assert LocalNode(state_dir).recorded() == node  # the same kwok
+        assert node.recorded() == recorded  # the same node
 
         other = next(candidate.name for candidate in RELEASES if candidate != release)
         clash = cli("up", "--state-dir", str(state_dir), "--kubernetes", other, bin_dir=bin_dir)
@@ -372,20 +388,21 @@ def test_cli_up_is_idempotent_and_down_leaves_no_process(
         assert status.returncode == 0, status.stdout + status.stderr
         assert f"release:    {release.name}\n" in status.stdout
         assert f"kubernetes: v{release.name}." in status.stdout
-        said = f"kwok:                    pid {node['pid']} running" if node else "node:       none"
+        said = f"node:       {NODE_NAME} at {node.site.node_address}, running" if recorded else "node:       none"
         assert said in status.stdout
 
         assert cli("down", "--state-dir", str(state_dir), bin_dir=bin_dir).returncode == 0
         executables = {name: str(bin_dir / name) for name in pids}
-        if node is not None:
-            pids, executables = pids | {"kwok": node["pid"]}, executables | {"kwok": node["executable"]}
+        for name, process in (recorded or {}).get("processes", {}).items():
+            pids, executables = pids | {name: process["pid"]}, executables | {name: process["executable"]}
         assert not [name for name, pid in pids.items() if process_running(pid, executables[name])]
         assert not state_dir.exists()
         assert cli("status", "--state-dir", str(state_dir), bin_dir=bin_dir).returncode == 1
         assert cli("down", "--state-dir", str(state_dir), bin_dir=bin_dir).returncode == 0
     finally:
-        LocalNode(state_dir).down()
+        node.stop()
         ControlPlane(state_dir).down()
+        node.down()
 
 
 @pytest.mark.integration
@@ -396,8 +413,9 @@ def test_cli_up_without_a_node_leaves_pods_pending(tmp_path: Path) -> None:
     try:
         result = cli("up", "--state-dir", str(state_dir), "--kubernetes", release.name, "--no-node", bin_dir=bin_dir)
         assert result.returncode == 0, result.stderr
-        assert "no node (--no-node): pods stay Pending" in result.stderr
-        assert LocalNode(state_dir).recorded() is None
+        assert "no node: pods stay Pending" in result.stderr
+        assert Node(Layout(state_dir)).recorded() is None
+        assert (ControlPlane(state_dir).state() or {})["server"].startswith("https://127.0.0.1:")
     finally:
         ControlPlane(state_dir).down()
 

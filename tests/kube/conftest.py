@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,23 +28,6 @@ from inferop_devtools.cluster.controlplane import (
 from inferop_devtools.cluster.tools import kube_tools, wait_established
 from inferop_operator.settings import OperatorSettings
 from tests.kube.helpers import GATEWAY_API, RESYNC_SECONDS, Kubectl, OperatorRunner, install_crd, runs_pods
-
-# Figures a test measured on the way (e.g. how long a scale took), printed at the end of the run: a print would go
-# to the operator's runner, which captures the standard streams while it runs.
-MEASURED: list[str] = []
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if MEASURED:
-        terminalreporter.section("measured")
-        for line in MEASURED:
-            terminalreporter.write_line(line)
-
-
-@pytest.fixture()
-def measured(request: pytest.FixtureRequest) -> Callable[[str], None]:
-    """Record a figure for the run's summary, under the test's id."""
-    return lambda line: MEASURED.append(f"{request.node.nodeid.split('::')[-1]}: {line}")
 
 
 @pytest.fixture(scope="session", params=list(KUBERNETES_RELEASES.values()), ids=lambda release: release.name)

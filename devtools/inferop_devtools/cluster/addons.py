@@ -36,7 +36,6 @@ from inferop_devtools.cluster.controlplane import (
     free_ports,
     http_get,
     insecure_context,
-    process_running,
     stop_process,
 )
 from inferop_devtools.cluster.tools import built
@@ -175,64 +174,6 @@ class Kwok:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
-
-
-class LocalNode:
-    """One fake node, played by kwok, for the control plane `inferop cluster up` leaves running: kwok runs detached
-    like the control plane's own processes, its pid kept in the control plane's state dir, and `down` stops it. So
-    an InferenceService applied to the local cluster gets its pods scheduled, Running and Ready (no container runs:
-    kwok reports them), as the operator's quickstart expects."""
-
-    NAME = "inferop-node-0"
-
-    def __init__(self, state_dir: Path) -> None:
-        self.state_file = state_dir / "node.json"
-        self.log_path = state_dir / "kwok.log"
-
-    def recorded(self) -> dict[str, Any] | None:
-        try:
-            found: dict[str, Any] = json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return None
-        return found
-
-    def running(self) -> bool:
-        found = self.recorded()
-        return found is not None and process_running(found["pid"], found["executable"])
-
-    def up(self, kubeconfig: Path, timeout: float = 60.0) -> None:
-        """Start kwok unless it runs, and add the node unless it exists; return once the node is Ready."""
-        from kubernetes import client, config, utils
-        from kubernetes.client.exceptions import ApiException
-
-        if not self.running():
-            self.down()
-            daemon = Daemon(kwok_command(addon_binaries(), kubeconfig), self.log_path)
-            daemon.start()
-            assert daemon.process is not None
-            self.state_file.write_text(json.dumps({"pid": daemon.process.pid, "executable": daemon.argv[0]}))
-        api = config.new_client_from_config(config_file=str(kubeconfig))
-        core = client.CoreV1Api(api)
-        try:
-            core.read_node(self.NAME)
-        except ApiException as error:
-            if error.status != 404:
-                raise
-            utils.create_from_dict(api, fake_node(self.NAME))
-        deadline = time.monotonic() + timeout
-        while not _holds(_conditions(core.read_node(self.NAME)), "Ready"):
-            if not self.running():
-                raise ClusterError(f"kwok exited\n{log_tail(self.log_path)}")
-            if time.monotonic() > deadline:
-                raise ClusterError(f"node {self.NAME} not Ready after {timeout:g} s\n{log_tail(self.log_path)}")
-            time.sleep(0.2)
-
-    def down(self) -> None:
-        found = self.recorded()
-        if found is not None:
-            stop_process(found["pid"], found["executable"])
-        self.state_file.unlink(missing_ok=True)
-        self.log_path.unlink(missing_ok=True)
 
 
 def adapter_command(

@@ -1,8 +1,9 @@
-"""`inferop cluster up|down|status`: a local control plane, `eval "$(inferop cluster up)"` to use it.
+"""`inferop cluster up|down|status`: a local cluster, `eval "$(inferop cluster up)"` to use it.
 
-On the current release `up` also starts one fake node (kwok), where the kube-scheduler places pods and kwok reports
-them Running and Ready, so an applied InferenceService becomes Ready; no container runs. Only `up`'s
-`export KUBECONFIG=...` line goes to stdout; progress and errors go to stderr.
+On the current release `up` starts one real node beside the control plane (inferop_devtools.cluster.node):
+containerd, runc, the CNI plugins, the kubelet and kube-proxy, in namespaces of their own, with the local Triton image
+imported, so an applied InferenceService runs and answers. Only `up`'s `export` lines go to stdout (KUBECONFIG, and
+INFEROP_TRITON_IMAGE for an operator run from the same shell); progress and errors go to stderr.
 """
 
 from __future__ import annotations
@@ -11,16 +12,21 @@ import argparse
 import logging
 import shlex
 import sys
+import time
 from pathlib import Path
 
-from inferop_devtools.cluster.addons import LocalNode
 from inferop_devtools.cluster.controlplane import (
     KUBERNETES_1_37,
     KUBERNETES_RELEASES,
+    LOOPBACK,
     ClusterError,
     ControlPlane,
     default_state_dir,
+    kube_binaries,
+    process_running,
 )
+from inferop_devtools.cluster.node import NODE_NAME, NODE_SCRIPT, Node, NodeSite
+from inferop_devtools.cluster.tools import built
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,43 +56,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-node",
         action="store_true",
-        help="up: start no fake node (pods then stay Pending); without it the current release gets one, played by "
-        "kwok (built by scripts/kube-addons.sh)",
+        help="up: start no node (pods then stay Pending; the apiserver listens on 127.0.0.1 only); without it the "
+        "current release gets a real one: containerd, the kubelet and kube-proxy (scripts/kube-node.sh and "
+        "scripts/kube-current.sh provide them, as root)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    cluster = ControlPlane(args.state_dir or default_state_dir(), release=KUBERNETES_RELEASES[args.kubernetes])
-    node = LocalNode(cluster.layout.root)
+    state_dir = args.state_dir or default_state_dir()
+    release = KUBERNETES_RELEASES[args.kubernetes]
+    with_node = args.action == "up" and not args.no_node and release.schedules_pods
+    address = NodeSite.of(state_dir).host_address if with_node else LOOPBACK
+    cluster = ControlPlane(state_dir, release=release, address=address)
+    node = Node(cluster.layout)
     try:
         if args.action == "up":
-            if not cluster.healthy():
-                node.down()  # a node of an earlier control plane watches ports that are gone
-            kubeconfig = cluster.up(timeout=args.timeout)
-            release = cluster.release
-            if args.no_node:
-                node.down()
-                print("no node (--no-node): pods stay Pending", file=sys.stderr)
-            elif not release.schedules_pods:
-                print(
-                    f"no node: Kubernetes {release.name} here runs no kube-scheduler, so pods stay Pending",
-                    file=sys.stderr,
-                )
-            else:
-                node.up(kubeconfig, timeout=args.timeout)
-                print(
-                    f"node {LocalNode.NAME} Ready (kwok: pods are scheduled and reported Running and Ready, no "
-                    "container runs)",
-                    file=sys.stderr,
-                )
-            print(f"export KUBECONFIG={shlex.quote(str(kubeconfig))}")
-            return 0
+            return _up(cluster, node, with_node, args.timeout)
         if args.action == "down":
-            node.down()
+            node.stop()
             cluster.down(timeout=min(args.timeout, 10.0))
-            print(f"control plane down ({cluster.layout.root} cleaned)", file=sys.stderr)
+            node.down()
+            print(f"control plane and node down ({cluster.layout.root} cleaned)", file=sys.stderr)
             return 0
         return _print_status(cluster, node)
     except ClusterError as error:
@@ -94,7 +86,41 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
-def _print_status(cluster: ControlPlane, node: LocalNode) -> int:
+def _up(cluster: ControlPlane, node: Node, with_node: bool, timeout: float) -> int:
+    """Start what is not running (a node needs its control plane listening where the node reaches it, so a change
+    of either starts both anew) and print the export line."""
+    cluster.refuse_another_release()
+    started = time.monotonic()
+    took: dict[str, float] = {}
+    if with_node and not (cluster.healthy() and node.running()):
+        Node.check_host()  # before anything stops or starts
+        node.stop()
+        cluster.down()
+        node.down()
+        files = built(NODE_SCRIPT, "the node's packages and files", build=True)
+        node = Node(cluster.layout, kube_binaries(release=cluster.release), files)
+        node.link_up()
+        mark = time.monotonic()
+        kubeconfig = cluster.up(timeout=timeout)
+        took["control plane"] = round(time.monotonic() - mark, 1)
+        took |= node.up((cluster.state() or {})["server"], kubeconfig, timeout=max(timeout, 120.0))
+        parts = ", ".join(f"{part} {seconds:g} s" for part, seconds in took.items())
+        print(f"node {NODE_NAME} Ready in {time.monotonic() - started:.1f} s ({parts})", file=sys.stderr)
+    else:
+        if not with_node:
+            node.down()
+        kubeconfig = cluster.up(timeout=timeout)
+        if not with_node:
+            print("no node: pods stay Pending", file=sys.stderr)
+    print(f"export KUBECONFIG={shlex.quote(str(kubeconfig))}")
+    if triton := node.images().get("triton"):  # the operator's default for services that name no image
+        print(f"export INFEROP_TRITON_IMAGE={shlex.quote(triton)}")
+        # `helm install ... -f "$INFEROP_CHART_VALUES"`: the chart with the node's own operator and Triton images
+        print(f"export INFEROP_CHART_VALUES={shlex.quote(str(node.layout.chart_values))}")
+    return 0
+
+
+def _print_status(cluster: ControlPlane, node: Node) -> int:
     summary = cluster.status()
     print(f"state dir:  {summary['state_dir']}")
     if "server" not in summary:
@@ -113,8 +139,10 @@ def _print_status(cluster: ControlPlane, node: LocalNode) -> int:
     recorded = node.recorded()
     if recorded is None:
         print("node:       none (pods stay Pending; `inferop cluster up` adds one on the current release)")
-    else:
-        state = "running" if node.running() else "GONE (`inferop cluster up` starts it again)"
-        print(f"node:       {LocalNode.NAME}, played by kwok (no container runs)")
-        print(f"{'kwok:':<25}pid {recorded['pid']} {state}")
-    return 0 if summary["healthy"] else 1
+        return 0 if summary["healthy"] else 1
+    state = "running" if node.running() else "NOT RUNNING (`inferop cluster up` starts it again)"
+    print(f"node:       {NODE_NAME} at {node.site.node_address}, {state}")
+    for name, proc in recorded.get("processes", {}).items():
+        alive = "running" if process_running(proc["pid"], proc["executable"]) else "GONE"
+        print(f"{name + ':':<25}pid {proc['pid']} {alive}")
+    return 0 if summary["healthy"] and node.running() else 1

@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -51,6 +51,9 @@ KUBERNETES_SERVICE_IP = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # The common name of the certificate the apiserver presents to aggregated API servers.
 FRONT_PROXY_CLIENT = "front-proxy-client"
+# The certificate the apiserver presents to kubelets (logs, exec, port-forward); system:masters may do all of it.
+KUBELET_CLIENT = "apiserver-kubelet-client"
+LOOPBACK = "127.0.0.1"
 
 
 class ClusterError(InferopError, RuntimeError):
@@ -131,10 +134,17 @@ class Ports:
     apiserver: int
     controller_manager: int
     scheduler: int
+    address: str = LOOPBACK  # where the apiserver listens, and what it advertises
+
+    @classmethod
+    def free(cls, address: str) -> Ports:
+        """Ports free on this machine now, the apiserver listening at `address`."""
+        etcd_client, etcd_peer, apiserver, controller_manager, scheduler = free_ports(5)
+        return cls(etcd_client, etcd_peer, apiserver, controller_manager, scheduler, address)
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver}"
+        return f"https://{self.address}:{self.apiserver}"
 
 
 @dataclass(frozen=True)
@@ -204,15 +214,23 @@ def apiserver_command(release: KubernetesRelease, bin_dir: Path, layout: Layout,
     return [
         str(bin_dir / "kube-apiserver"),
         f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        f"--bind-address={ports.address}",
+        f"--advertise-address={ports.address}",
         f"--secure-port={ports.apiserver}",
         *release.apiserver_flags,
         f"--cert-dir={layout.pki}",
         f"--tls-cert-file={layout.pem('apiserver')}",
         f"--tls-private-key-file={layout.pem('apiserver-key')}",
         f"--client-ca-file={layout.pem('ca')}",
-        "--authorization-mode=RBAC",
+        # Node: a kubelet reads and writes only what its own pods need (with NodeRestriction), as on any cluster.
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        # Logs, exec and port-forward: the apiserver calls a node's kubelet at its InternalIP (the node's name
+        # resolves nowhere), with a client certificate, and checks the kubelet's serving certificate.
+        f"--kubelet-client-certificate={layout.pem(KUBELET_CLIENT)}",
+        f"--kubelet-client-key={layout.pem(f'{KUBELET_CLIENT}-key')}",
+        f"--kubelet-certificate-authority={layout.pem('ca')}",
+        "--kubelet-preferred-address-types=InternalIP",
         f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
         f"--service-account-key-file={layout.pem('sa-pub')}",
         f"--service-account-signing-key-file={layout.pem('sa-key')}",
@@ -228,8 +246,9 @@ def apiserver_command(release: KubernetesRelease, bin_dir: Path, layout: Layout,
         "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         f"--proxy-client-cert-file={layout.pem('front-proxy-client')}",
         f"--proxy-client-key-file={layout.pem('front-proxy-client-key')}",
-        # The `kubernetes` Service's endpoints cannot hold a loopback address; nothing in-cluster needs them.
-        "--endpoint-reconciler-type=none",
+        # The `kubernetes` Service's endpoints cannot hold a loopback address: without a node nothing in-cluster
+        # needs them; with one, pods reach the apiserver through them at the address it advertises.
+        *(["--endpoint-reconciler-type=none"] if ports.address == LOOPBACK else []),
         "--profiling=false",
     ]
 
@@ -299,11 +318,13 @@ def kubeconfig(server: str, layout: Layout, name: str = "inferop", user: str = "
     }
 
 
-def openssl_extensions() -> str:
-    """x509 extension sections for the leaf certificates, written beside them as `extensions.cnf`."""
+def openssl_extensions(address: str = LOOPBACK) -> str:
+    """x509 extension sections for the leaf certificates, written beside them as `extensions.cnf`; the apiserver's
+    names `address` too, where it listens."""
     sans = ",".join(
         [
             "IP:127.0.0.1",
+            *([f"IP:{address}"] if address != LOOPBACK else []),
             f"IP:{KUBERNETES_SERVICE_IP}",
             "DNS:localhost",
             "DNS:kubernetes",
@@ -318,32 +339,38 @@ def openssl_extensions() -> str:
         f"[admin]\n{leaf}extendedKeyUsage = clientAuth\n"
         f"[scheduler]\n{leaf}extendedKeyUsage = clientAuth\n"
         f"[front-proxy-client]\n{leaf}extendedKeyUsage = clientAuth\n"
+        f"[{KUBELET_CLIENT}]\n{leaf}extendedKeyUsage = clientAuth\n"
     )
+
+
+def key_command(pki: Path, name: str) -> list[str]:
+    # ECDSA P-256: generated in milliseconds where RSA takes a good part of a second per key.
+    ec = ["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"]
+    return ["openssl", "genpkey", *ec, "-out", f"{pki}/{name}.pem"]
+
+
+def signed_commands(
+    pki: Path, name: str, subject: str, by: str = "ca", extensions: str = "extensions.cnf"
+) -> list[list[str]]:
+    """A key, a request, and a certificate signed by the CA `by` in `pki` with the `[name]` section of the
+    `extensions` file there."""
+    key_file, csr, cert = f"{pki}/{name}-key.pem", f"{pki}/{name}.csr", f"{pki}/{name}.pem"
+    ca = ["-CA", f"{pki}/{by}.pem", "-CAkey", f"{pki}/{by}-key.pem", "-CAcreateserial", "-days", "3650"]
+    extfile = ["-extfile", f"{pki}/{extensions}", "-extensions", name]
+    return [
+        key_command(pki, f"{name}-key"),
+        ["openssl", "req", "-new", "-key", key_file, "-subj", subject, "-out", csr],
+        ["openssl", "x509", "-req", "-in", csr, *ca, *extfile, "-out", cert],
+    ]
 
 
 def openssl_commands(layout: Layout) -> list[list[str]]:
     """A CA, the apiserver's serving certificate, admin and scheduler client certificates, the front proxy's CA
-    and client certificate, a service-account key pair.
+    and client certificate, the apiserver's client certificate for kubelets, a service-account key pair.
 
     Run in order, after `openssl_extensions()` is written to `pki/extensions.cnf`.
     """
     pki = layout.pki
-
-    def key(name: str) -> list[str]:
-        # ECDSA P-256: generated in milliseconds where RSA takes a good part of a second per key.
-        ec = ["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"]
-        return ["openssl", "genpkey", *ec, "-out", f"{pki}/{name}.pem"]
-
-    def signed(name: str, subject: str, by: str = "ca") -> list[list[str]]:
-        """A key, a request, and a certificate signed by the CA `by` with the `[name]` extensions."""
-        key_file, csr, cert = f"{pki}/{name}-key.pem", f"{pki}/{name}.csr", f"{pki}/{name}.pem"
-        ca = ["-CA", f"{pki}/{by}.pem", "-CAkey", f"{pki}/{by}-key.pem", "-CAcreateserial", "-days", "3650"]
-        extensions = ["-extfile", f"{pki}/extensions.cnf", "-extensions", name]
-        return [
-            key(f"{name}-key"),
-            ["openssl", "req", "-new", "-key", key_file, "-subj", subject, "-out", csr],
-            ["openssl", "x509", "-req", "-in", csr, *ca, *extensions, "-out", cert],
-        ]
 
     def authority(name: str) -> list[list[str]]:
         self_signed = [
@@ -356,19 +383,20 @@ def openssl_commands(layout: Layout) -> list[list[str]]:
             "-subj",
             f"/CN=inferop-{name}",
         ]
-        return [key(f"{name}-key"), [*self_signed, "-days", "3650", "-out", f"{pki}/{name}.pem"]]
+        return [key_command(pki, f"{name}-key"), [*self_signed, "-days", "3650", "-out", f"{pki}/{name}.pem"]]
 
     return [
         *authority("ca"),
-        *signed("apiserver", "/CN=kube-apiserver"),
+        *signed_commands(pki, "apiserver", "/CN=kube-apiserver"),
         # Kubernetes maps the certificate's O to groups: system:masters is bound to cluster-admin.
-        *signed("admin", "/O=system:masters/CN=inferop-admin"),
+        *signed_commands(pki, "admin", "/O=system:masters/CN=inferop-admin"),
         # The user the built-in RBAC binds to the role system:kube-scheduler.
-        *signed("scheduler", "/CN=system:kube-scheduler"),
+        *signed_commands(pki, "scheduler", "/CN=system:kube-scheduler"),
         # A CA of its own, as kubeadm makes: a certificate of the cluster CA must not pass as the front proxy.
         *authority("front-proxy-ca"),
-        *signed(FRONT_PROXY_CLIENT, f"/CN={FRONT_PROXY_CLIENT}", by="front-proxy-ca"),
-        key("sa-key"),
+        *signed_commands(pki, FRONT_PROXY_CLIENT, f"/CN={FRONT_PROXY_CLIENT}", by="front-proxy-ca"),
+        *signed_commands(pki, KUBELET_CLIENT, f"/O=system:masters/CN={KUBELET_CLIENT}"),
+        key_command(pki, "sa-key"),
         ["openssl", "pkey", "-in", f"{pki}/sa-key.pem", "-pubout", "-out", f"{pki}/sa-pub.pem"],
     ]
 
@@ -502,10 +530,12 @@ class ControlPlane:
         state_dir: Path | str | None = None,
         bin_dir: Path | None = None,
         release: KubernetesRelease = KUBERNETES_1_20,
+        address: str = LOOPBACK,
     ) -> None:
         self.layout = Layout(Path(state_dir) if state_dir is not None else default_state_dir())
         self.bin_dir = bin_dir
         self.release = release
+        self.address = address  # where `up` has the apiserver listen: a node's pods reach it there
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     @property
@@ -588,14 +618,24 @@ class ControlPlane:
                 summary["etcd"] = json.loads(body).get("etcdserver")
         return summary
 
+    def refuse_another_release(self) -> None:
+        """Raise when a healthy control plane of another release runs in the state dir: `up` never replaces it."""
+        running = self.running_release()
+        if self.healthy() and running != self.release:
+            raise ClusterError(
+                f"Kubernetes {running.name if running else '?'} runs in {self.layout.root}: "
+                f"`inferop cluster down` it before starting {self.release.name} there"
+            )
+
     def up(self, timeout: float = 60.0) -> Path:
         """Start the control plane, or find it already running; returns the admin kubeconfig."""
         if self.healthy():
-            running = self.running_release()
-            if running != self.release:
+            self.refuse_another_release()
+            listening = (self.state() or {}).get("ports", {}).get("address", LOOPBACK)
+            if listening != self.address:
                 raise ClusterError(
-                    f"Kubernetes {running.name if running else '?'} runs in {self.layout.root}: "
-                    f"`inferop cluster down` it before starting {self.release.name} there"
+                    f"the control plane in {self.layout.root} listens on {listening}, not {self.address} (started "
+                    "with or without a node): `inferop cluster down` it first"
                 )
             log.info("control plane already up at %s", (self.state() or {}).get("server"))
             return self.kubeconfig
@@ -617,12 +657,12 @@ class ControlPlane:
     def _start_all(self, bin_dir: Path, deadline: float) -> None:
         layout = self.layout
         layout.pki.mkdir(parents=True, exist_ok=True)
-        (layout.pki / "extensions.cnf").write_text(openssl_extensions())
+        (layout.pki / "extensions.cnf").write_text(openssl_extensions(self.address))
         for argv in openssl_commands(layout):
             result = subprocess.run(argv, capture_output=True, text=True, check=False)
             if result.returncode != 0:
                 raise ClusterError(f"{shlex.join(argv)} failed:\n{result.stderr}")
-        ports = Ports(*free_ports(len(fields(Ports))))
+        ports = Ports.free(self.address)
         layout.kubeconfig.write_text(yaml.safe_dump(kubeconfig(ports.server, layout), sort_keys=False))
         scheduler = kubeconfig(ports.server, layout, user="scheduler")
         layout.scheduler_kubeconfig.write_text(yaml.safe_dump(scheduler, sort_keys=False))

@@ -1,0 +1,450 @@
+"""The local cluster's real node: images written without a registry, the node's pure builders, then `inferop cluster
+up` on this machine with containerd, runc, the CNI plugins, the kubelet and kube-proxy, a pod that runs for real
+under the limits the kubelet sets, and `inferop cluster down` leaving nothing behind."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inferop.paths import repo_root
+from inferop.serving.localrepo import PYTHON_MODEL
+from inferop_devtools.cluster.controlplane import KUBERNETES_1_37, ClusterError, Layout, kube_binaries
+from inferop_devtools.cluster.images import ImageError, Images, ImageSpec, archive_reference, write_archive
+from inferop_devtools.cluster.local_images import busybox_image, images_cache, operator_image, triton_image
+from inferop_devtools.cluster.node import (
+    CTR,
+    LINKS,
+    NODE_NAME,
+    NODE_SCRIPT,
+    POD_CIDR,
+    Node,
+    NodeLayout,
+    NodeSite,
+    cgroup_hierarchies,
+    cni_network,
+    containerd_config,
+    holder_command,
+    kubelet_config,
+    network_commands,
+)
+from inferop_devtools.cluster.tools import built
+from tests.helpers import serving, wait_for
+
+SITE = NodeSite.of(Path("/state"))
+
+
+class TestImages:
+    def spec(self, tmp_path: Path, **changes: Any) -> ImageSpec:
+        """An image of a tree, a program and some bytes, the files made the first time."""
+        if not (tmp_path / "tree").exists():
+            (tmp_path / "tree" / "lib").mkdir(parents=True)
+            (tmp_path / "tree" / "lib" / "data.txt").write_text("data")
+            (tmp_path / "tree" / "alias").symlink_to("lib/data.txt")
+            (tmp_path / "program").write_text("#!/bin/sh\n")
+            (tmp_path / "program").chmod(0o755)
+        settings: dict[str, Any] = {
+            "files": {"opt/app": tmp_path / "tree", "bin/program": tmp_path / "program", "etc/motd": b"hi\n"},
+            "entrypoint": ("/bin/program",),
+            "links": {"bin/sh-alias": "program"},
+        }
+        return ImageSpec("example", **(settings | changes))
+
+    def layer(self, archive: Path) -> dict[str, tarfile.TarInfo]:
+        with tarfile.open(archive) as outer:
+            member = outer.extractfile("layer.tar")
+            assert member is not None
+            with tarfile.open(fileobj=io.BytesIO(member.read())) as layer:
+                return {info.name: info for info in layer.getmembers()}
+
+    def test_the_same_files_give_the_same_archive_and_reference(self, tmp_path: Path) -> None:
+        first = write_archive(self.spec(tmp_path), tmp_path / "a.tar")
+        second = write_archive(self.spec(tmp_path), tmp_path / "b.tar")
+        assert first == second == archive_reference(tmp_path / "a.tar")
+        assert first.startswith("inferop.local/example:")
+        assert (tmp_path / "a.tar").read_bytes() == (tmp_path / "b.tar").read_bytes()
+        (tmp_path / "tree" / "lib" / "data.txt").write_text("other")
+        assert write_archive(self.spec(tmp_path), tmp_path / "c.tar") != first
+
+    def test_a_layer_holds_parents_first_links_as_links_and_root_owned_entries(self, tmp_path: Path) -> None:
+        write_archive(self.spec(tmp_path), tmp_path / "image.tar")
+        entries = self.layer(tmp_path / "image.tar")
+        names = list(entries)
+        assert (
+            names.index("opt")
+            < names.index("opt/app")
+            < names.index("opt/app/lib")
+            < names.index("opt/app/lib/data.txt")
+        )
+        assert entries["opt/app/alias"].issym() and entries["opt/app/alias"].linkname == "lib/data.txt"
+        assert entries["bin/sh-alias"].linkname == "program"
+        assert entries["bin/program"].mode == 0o755 and entries["etc/motd"].size == 3
+        assert {(info.uid, info.gid, info.mtime) for info in entries.values()} == {(0, 0, 0)}
+
+    def test_the_config_says_how_the_image_runs(self, tmp_path: Path) -> None:
+        write_archive(self.spec(tmp_path, env=("A=1",), workdir="/opt/app"), tmp_path / "image.tar")
+        with tarfile.open(tmp_path / "image.tar") as outer:
+            manifest = json.load(outer.extractfile("manifest.json"))  # type: ignore[arg-type]
+            config = json.load(outer.extractfile(manifest[0]["Config"]))  # type: ignore[arg-type]
+        assert config["config"]["Entrypoint"] == ["/bin/program"]
+        assert config["config"]["Env"] == ["A=1"] and config["config"]["WorkingDir"] == "/opt/app"
+        assert config["rootfs"]["diff_ids"][0].startswith("sha256:")
+
+    def test_a_missing_file_or_a_path_given_twice_is_named(self, tmp_path: Path) -> None:
+        with pytest.raises(ImageError, match="nowhere: no such file"):
+            write_archive(self.spec(tmp_path, files={"x": tmp_path / "nowhere"}), tmp_path / "image.tar")
+        twice = {"bin/program": tmp_path / "program"}
+        with pytest.raises(ImageError, match="/bin/program is given twice"):
+            write_archive(self.spec(tmp_path, files=twice, links={"bin/program": "x"}), tmp_path / "image.tar")
+        assert not (tmp_path / "image.tar").exists()
+
+    def test_an_archive_is_written_once_per_content(self, tmp_path: Path) -> None:
+        images = Images(tmp_path / "cache")
+        path, reference = images.archive(self.spec(tmp_path))
+        written = path.stat().st_mtime_ns
+        assert images.archive(self.spec(tmp_path)) == (path, reference)
+        assert path.stat().st_mtime_ns == written
+        (tmp_path / "program").write_text("#!/bin/sh\nexit 1\n")
+        changed, _ = images.archive(self.spec(tmp_path))
+        assert changed != path and not path.exists()  # the stale archive goes
+
+
+class TestNodeBuilders:
+    def test_each_state_dir_gets_a_node_of_its_own(self) -> None:
+        other = NodeSite.of(Path("/other"))
+        assert (SITE.netns, SITE.host_link, SITE.link) != (other.netns, other.host_link, other.link)
+        assert len(SITE.host_link) <= 15  # a network interface's name
+        assert SITE.link.subnet_of(LINKS) and SITE.link.prefixlen == 30
+        assert SITE.host_address != SITE.node_address and {SITE.host_address, SITE.node_address} == set(
+            map(str, SITE.link.hosts())
+        )
+
+    def test_the_link_joins_the_node_s_namespace_to_the_host_and_routes_through_it(self) -> None:
+        commands = [" ".join(argv) for argv in network_commands(SITE)]
+        assert commands[0] == f"ip netns add {SITE.netns}"
+        assert f"ip addr add {SITE.host_address}/30 dev {SITE.host_link}" in commands
+        assert f"ip -n {SITE.netns} route add default via {SITE.host_address}" in commands
+        assert not [c for c in commands if "route" in c and "-n" not in c]  # no route on the host
+
+    def test_pods_get_a_bridge_of_the_node_and_leave_it_masqueraded(self) -> None:
+        bridge = cni_network()["plugins"][0]
+        assert (bridge["type"], bridge["isGateway"], bridge["ipMasq"]) == ("bridge", True, True)
+        assert bridge["ipam"]["ranges"] == [[{"subnet": POD_CIDR}]]
+
+    def test_the_kubelet_authenticates_callers_and_asks_the_apiserver_who_may_do_what(self) -> None:
+        config = kubelet_config(SITE, NodeLayout(Path("/state/node")), Layout(Path("/state")))
+        assert config["authentication"]["anonymous"] == {"enabled": False}
+        assert config["authentication"]["webhook"] == {"enabled": True}
+        assert config["authorization"] == {"mode": "Webhook"}
+        assert (config["readOnlyPort"], config["address"]) == (0, SITE.node_address)
+        assert (config["cgroupDriver"], config["cgroupRoot"]) == ("cgroupfs", f"/{SITE.cgroup_root}")
+        assert config["containerRuntimeEndpoint"] == "unix:///state/node/containerd.sock"
+
+    def test_containerd_runs_sandboxes_without_lowering_oom_scores(self) -> None:
+        toml = containerd_config(NodeLayout(Path("/state/node")), "inferop.local/pause:abc")
+        assert 'sandbox_image = "inferop.local/pause:abc"' in toml
+        assert "restrict_oom_score_adj = true" in toml and "SystemdCgroup = false" in toml
+
+    def test_the_node_s_mounts_stay_in_its_namespace(self) -> None:
+        argv = holder_command(SITE, NodeLayout(Path("/state/node")))
+        assert argv[:2] == ["nsenter", f"--net=/run/netns/{SITE.netns}"]
+        assert "--propagation=slave" in argv  # the host's mounts seen, none of the node's shown to the host
+        assert "mount --bind /state/node/private/run /run" in argv[-1]
+
+
+# ------------------------------------------------------------------------------------------- a real node
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "inferop_core.cli", "cluster", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
+
+
+def traces(state_dir: Path) -> dict[str, Any]:
+    """What a node of `state_dir` may leave on this machine: processes in its cgroups, its cgroups, its network
+    namespace and link, mounts of its state dir, the host's iptables rules."""
+    site = NodeSite.of(state_dir)
+    roots = [hierarchy / site.cgroup_root for hierarchy in cgroup_hierarchies(unified=True)]
+    mounts = Path("/proc/self/mountinfo").read_text()
+    rules = subprocess.run(["iptables-save"], capture_output=True, text=True, check=False).stdout
+    return {
+        "cgroups": [str(root) for root in roots if root.exists()],
+        "netns": (Path("/run/netns") / site.netns).exists(),
+        "link": (Path("/sys/class/net") / site.host_link).exists(),
+        "mounts": [line for line in mounts.splitlines() if str(state_dir) in line],
+        "iptables": [line for line in rules.splitlines() if not line.startswith("#")],
+        "host paths": [p for p in ("/run/containerd", "/var/lib/kubelet", "/var/log/pods") if Path(p).exists()],
+    }
+
+
+class Cluster:
+    """A cluster that `inferop cluster up` started in `state_dir`, and kubectl against it, with the environment
+    `eval "$(inferop cluster up)"` gives (`exports`, the lines `up` printed)."""
+
+    def __init__(self, state_dir: Path, exports: str) -> None:
+        self.state_dir = state_dir
+        self.kubectl = str(kube_binaries(build=False, release=KUBERNETES_1_37) / "kubectl")
+        variables = dict(line.removeprefix("export ").split("=", 1) for line in exports.splitlines())
+        self.env = {**os.environ, **variables}
+
+    def run(self, *args: str, check: bool = True, timeout: float = 60) -> str:
+        result = subprocess.run(
+            [self.kubectl, *args], capture_output=True, text=True, env=self.env, timeout=timeout, check=False
+        )
+        if check and result.returncode != 0:
+            pytest.fail(f"kubectl {' '.join(args)}: {result.stderr}")
+        return result.stdout + result.stderr
+
+    def apply(self, *documents: dict[str, Any]) -> None:
+        subprocess.run(
+            [self.kubectl, "apply", "-f", "-"],
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(documents)}),
+            text=True,
+            env=self.env,
+            check=True,
+            capture_output=True,
+        )
+
+    def pod(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(self.run("get", "pod", name, "-o", "json"))
+        return found
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, str, dict[str, Any]]]:
+    """`inferop cluster up` with a real node, busybox imported into its containerd; the host's traces before."""
+    try:
+        kube_binaries(build=False, release=KUBERNETES_1_37)
+        files = built(NODE_SCRIPT, "the node's packages and files")
+    except ClusterError as missing:  # make tools provides both before make test
+        pytest.fail(str(missing))
+    state_dir = tmp_path_factory.mktemp("node") / "cluster"
+    before = traces(state_dir)
+    up = cli("up", "--state-dir", str(state_dir))
+    try:
+        assert up.returncode == 0, up.stderr
+        node = Node(Layout(state_dir))
+        busybox = Images(images_cache(), str(CTR)).ensure(node.layout.containerd_socket, [busybox_image(files)])
+        yield Cluster(state_dir, up.stdout), busybox["busybox"], before
+    finally:
+        cli("down", "--state-dir", str(state_dir))
+
+
+@pytest.fixture
+def busybox(cluster: tuple[Cluster, str, dict[str, Any]]) -> str:
+    return cluster[1]
+
+
+@pytest.fixture
+def kube(cluster: tuple[Cluster, str, dict[str, Any]]) -> Iterator[Cluster]:
+    """The cluster, its `default` namespace emptied of the test's pods and services afterwards: a pod left
+    behind holds CPU that the next test's pods may need."""
+    yield cluster[0]
+    cluster[0].run("delete", "pods,services", "--field-selector=metadata.name!=kubernetes")
+
+
+def busybox_pod(name: str, image: str, script: str, memory: str = "64Mi", **labels: str) -> dict[str, Any]:
+    container = {
+        "name": "main",
+        "image": image,
+        "imagePullPolicy": "Never",
+        "command": ["/bin/sh", "-c", script],
+        "resources": {"limits": {"cpu": "250m", "memory": memory}},
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [container], "restartPolicy": "Never", "terminationGracePeriodSeconds": 1},
+    }
+
+
+WEB = "mkdir -p /www && echo hello-from-a-pod > /www/index.html && echo serving && exec httpd -f -p 8080 -h /www"
+
+
+@pytest.mark.integration
+def test_up_starts_a_node_where_a_pod_runs_under_the_kubelet_s_limits(kube: Cluster, busybox: str) -> None:
+    node = json.loads(kube.run("get", "node", NODE_NAME, "-o", "json"))
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.37.2"
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://1.")
+    kube.apply(busybox_pod("web", busybox, WEB, app="web"))
+    kube.run("wait", "--for=condition=Ready", "pod/web", "--timeout=60s")
+    status = kube.pod("web")["status"]
+    assert status["containerStatuses"][0]["containerID"].startswith("containerd://")
+    assert status["podIP"].startswith(POD_CIDR.rsplit(".", 1)[0])
+    # The kernel's limit, as the kubelet wrote it into the container's cgroup.
+    limit = kube.run("exec", "web", "--", "cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+    assert int(limit) == 64 * 2**20
+    assert "serving" in kube.run("logs", "web")
+
+
+@pytest.mark.integration
+def test_port_forward_and_services_reach_the_pod(kube: Cluster, busybox: str) -> None:
+    kube.apply(
+        busybox_pod("web", busybox, WEB, app="web"),
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+         "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}},
+    )  # fmt: skip
+    kube.run("wait", "--for=condition=Ready", "pod/web", "--timeout=60s")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    forward = subprocess.Popen(
+        [kube.kubectl, "port-forward", "pod/web", f"{port}:8080"], env=kube.env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert forward.stdout is not None and "Forwarding from" in forward.stdout.readline()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as answer:
+            assert answer.read() == b"hello-from-a-pod\n"
+    finally:
+        forward.terminate()
+        forward.wait()
+    # From another pod: the Service's ClusterIP (kube-proxy's rules) and the apiserver's `kubernetes` Service.
+    calls = (
+        'printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 5 $WEB_SERVICE_HOST 80; '
+        'printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 5 $KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT'
+    )
+    kube.apply(busybox_pod("caller", busybox, calls))
+    wait_for(lambda: kube.pod("caller")["status"].get("phase") == "Succeeded", 60, "the caller pod to finish")
+    said = kube.run("logs", "caller")
+    assert "hello-from-a-pod" in said
+    assert "Client sent an HTTP request to an HTTPS server" in said  # the apiserver, through its Service
+
+
+@pytest.mark.integration
+def test_a_pod_over_its_memory_limit_is_oom_killed_by_the_kernel(kube: Cluster, busybox: str) -> None:
+    kube.apply(busybox_pod("hungry", busybox, "head -c 200000000 /dev/zero | tail -c 199999999 >/dev/null"))
+    terminated = wait_for(
+        lambda: (kube.pod("hungry")["status"].get("containerStatuses") or [{}])[0].get("state", {}).get("terminated"),
+        60,
+        "the hungry pod to end",
+    )
+    assert terminated["reason"] == "OOMKilled", terminated
+
+
+@pytest.mark.integration
+def test_an_exported_model_serves_on_the_node_as_the_operator_renders_it(
+    kube: Cluster, tmp_path: Path, measured: Callable[[str], None]
+) -> None:
+    """The README's path on the local cluster: export, the CRD, the operator, apply the manifest; the pod runs the
+    Deployment the operator rendered in the local Triton image, and answers through `kubectl port-forward` as
+    `inferop serve` answers on the same model."""
+    from inferop.serving.tritonserver import free_port
+
+    repo, manifest = tmp_path / "model_repo", tmp_path / "conv-net.yaml"
+    inferop = [sys.executable, "-m", "inferop_core.cli"]
+    export = subprocess.run([*inferop, "export", "conv_net", "--repo", str(repo), "--manifest", str(manifest)],
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    assert export.returncode == 0, export.stderr
+    kube.run("apply", "-f", str(repo_root() / "charts" / "inferop" / "crds"))
+    with open(tmp_path / "operator.log", "wb") as log:
+        operator = subprocess.Popen([*inferop, "operator"], env=kube.env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        applied = time.monotonic()
+        kube.run("apply", "-f", str(manifest))
+        ready = kube.run("wait", "--for=condition=Ready", "infsvc/conv-net", "--timeout=120s", check=False, timeout=130)
+        assert "condition met" in ready, kube.run("describe", "infsvc,pods", check=False)
+        measured(f"conv-net Ready {time.monotonic() - applied:.1f} s after kubectl apply")
+        (pod,) = json.loads(kube.run("get", "pods", "-l", "app.kubernetes.io/instance=conv-net", "-o", "json"))["items"]
+        (triton,) = pod["status"]["containerStatuses"]
+        assert triton["containerID"].startswith("containerd://") and triton["ready"]
+        assert triton["image"] == kube.env["INFEROP_TRITON_IMAGE"]
+        port = free_port()
+        forward = subprocess.Popen([kube.kubectl, "port-forward", "service/conv-net", f"{port}:8000"], env=kube.env,
+                                   stdout=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            assert forward.stdout is not None and "Forwarding from" in forward.stdout.readline()
+            boards = np.random.default_rng(7).integers(-1, 2, size=(4, 1, 8, 7)).astype(np.float32)
+            on_the_node = answers(f"127.0.0.1:{port}", boards)
+        finally:
+            forward.terminate()
+            forward.wait()
+        with serving(repo) as url:
+            locally = answers(url, boards)
+        for name in ("policy", "value"):
+            np.testing.assert_allclose(on_the_node[name], locally[name], rtol=1e-6, atol=1e-7)
+    finally:
+        operator.terminate()
+        operator.wait(timeout=30)
+        kube.run("delete", "-f", str(manifest), "--wait=false", check=False)
+
+
+def answers(url: str, boards: np.ndarray) -> dict[str, np.ndarray]:
+    """The conv net's outputs for `boards` from the Triton at `url` (HTTP, binary tensors)."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url, connection_timeout=10, network_timeout=30)
+    try:
+        request = httpclient.InferInput("board", list(boards.shape), "FP32")
+        request.set_data_from_numpy(boards, binary_data=True)
+        outputs = [httpclient.InferRequestedOutput(name, binary_data=True) for name in ("policy", "value")]
+        result = client.infer("conv_net", [request], outputs=outputs)
+        return {name: result.as_numpy(name) for name in ("policy", "value")}
+    finally:
+        client.close()
+
+
+@pytest.mark.integration
+def test_down_leaves_no_process_mount_namespace_link_cgroup_or_rule(
+    cluster: tuple[Cluster, str, dict[str, Any]],
+) -> None:
+    kube, _, before = cluster
+    assert traces(kube.state_dir)["netns"] and traces(kube.state_dir)["cgroups"]  # there while it runs
+    recorded = Node(Layout(kube.state_dir)).recorded()
+    assert recorded is not None
+    pids = {process["pid"] for process in recorded["processes"].values()}
+    down = cli("down", "--state-dir", str(kube.state_dir))
+    assert down.returncode == 0, down.stderr
+    assert traces(kube.state_dir) == before
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+    assert not kube.state_dir.exists()
+
+
+@pytest.mark.integration
+def test_a_machine_without_what_the_node_needs_is_told_what_is_missing_and_nothing_starts(tmp_path: Path) -> None:
+    state_dir = tmp_path / "cluster"
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("nsenter", "unshare", "mount", "openssl"):  # `ip` and `iptables` left out
+        (tools / name).symlink_to(subprocess.run(["which", name], capture_output=True, text=True).stdout.strip())
+    up = cli("up", "--state-dir", str(state_dir), env={**os.environ, "PATH": str(tools)})
+    assert up.returncode == 1
+    assert "the `ip` command (Debian package iproute2)" in up.stderr
+    assert "the `iptables` command (Debian package iptables)" in up.stderr
+    assert not (Path("/run/netns") / NodeSite.of(state_dir).netns).exists()
+    assert not (state_dir / "state.json").exists()
+
+
+class TestLocalImages:
+    def test_triton_is_laid_out_as_nvidia_s_images_with_an_onnxruntime_backend(self, tmp_path: Path) -> None:
+        (tmp_path / "onnxruntime" / "onnxruntime").mkdir(parents=True)
+        spec = triton_image(tmp_path / "files", tmp_path / "onnxruntime")
+        assert (
+            spec.files["usr/local/lib/python3.11/dist-packages/onnxruntime"] == tmp_path / "onnxruntime" / "onnxruntime"
+        )
+        assert spec.files[""] == tmp_path / "files" / "rootfs-bookworm"
+        assert {"opt/tritonserver/bin/tritonserver", "opt/tritonserver/lib"} <= set(spec.files)
+        # Triton maps platform onnxruntime_onnx to the backend `onnxruntime`: here, a Python-based one.
+        assert spec.files["opt/tritonserver/backends/onnxruntime/model.py"] == PYTHON_MODEL
+        assert spec.files["opt/tritonserver/backends/python/triton_python_backend_stub"].parent.name == "3.11"
+        assert "PATH=/opt/tritonserver/bin:" in " ".join(spec.env)
+
+    def test_the_operator_runs_unprivileged_from_its_own_packages(self, tmp_path: Path) -> None:
+        spec = operator_image(tmp_path / "files", tmp_path / "site")
+        assert spec.entrypoint == ("inferop", "operator")
+        assert spec.user == "10001:10001"  # numeric: the kubelet checks runAsNonRoot without /etc/passwd
+        assert spec.files["opt/inferop/bin/inferop"] == tmp_path / "site" / "inferop"
+        assert "PYTHONDONTWRITEBYTECODE=1" in spec.env  # the chart's root filesystem is read-only
