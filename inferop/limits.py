@@ -14,9 +14,10 @@ import itertools
 import math
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from inferop_core.errors import InferopError
@@ -29,6 +30,8 @@ CONTROLLERS = ("cpu", "cpuset", "memory")
 PARENT = "inferop"  # every pod cgroup lives under it, as the kubelet's live under kubepods
 DESTROY_TIMEOUT_S = 10.0
 MOUNTS = Path("/proc/mounts")
+MEMINFO = Path("/proc/meminfo")
+PROC_CGROUP = Path("/proc/self/cgroup")
 UNAVAILABLE = (
     "cgroups are not writable here (neither cgroup v1 cpu/cpuset/memory hierarchies nor a cgroup v2 mount with "
     "the cpu, cpuset and memory controllers): run as root on a Linux host"
@@ -228,6 +231,74 @@ def read_pod_usage(memory_dir: Path, cpu_dir: Path | None = None) -> dict[str, f
     return usage
 
 
+# --- what this process may still take ---
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo's "Key:   123 kB" lines, in bytes."""
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        fields = rest.split()
+        if fields and fields[0].isdigit():
+            values[key.strip()] = int(fields[0]) * (1024 if fields[1:] == ["kB"] else 1)
+    return values
+
+
+def own_cgroup(proc_cgroup: str, version: int) -> str | None:
+    """This process's cgroup path in /proc/self/cgroup: v1's memory hierarchy line, v2's "0::" line."""
+    for line in proc_cgroup.splitlines():
+        number, controllers, path = line.split(":", 2)
+        v1 = version == 1 and "memory" in controllers.split(",")
+        if v1 or (version == 2 and number == "0" and not controllers):
+            return path
+    return None
+
+
+def cgroup_headroom(limit: str, usage: str, stat: str, version: int) -> int | None:
+    """Bytes a memory cgroup may still be charged before its limit: the limit less its working set (usage less
+    the inactive file pages the kernel reclaims first, as the kubelet counts it); None without a limit."""
+    if limit.strip() == "max":
+        return None
+    inactive = parse_flat_keyed(stat).get("total_inactive_file" if version == 1 else "inactive_file", 0)
+    return int(limit) - max(int(usage) - inactive, 0)
+
+
+def memory_headroom() -> tuple[int, str]:
+    """Bytes this process may still take, and what sets that: the least over its memory cgroup and the cgroup's
+    ancestors (v1 memory.limit_in_bytes, v2 memory.max) of the limit less the working set, and the machine's
+    MemAvailable. A cgroup or file it cannot read limits nothing."""
+    try:
+        available = parse_meminfo(MEMINFO.read_text())["MemAvailable"]
+    except (OSError, KeyError):
+        return sys.maxsize, "no /proc/meminfo to read"
+    where = f"MemAvailable in {MEMINFO}"
+    try:
+        v1, v2 = parse_mounts(MOUNTS.read_text())
+        proc_cgroup = PROC_CGROUP.read_text()
+    except OSError:
+        return available, where
+    version, root = (1, v1["memory"]) if "memory" in v1 else (2, v2[0]) if v2 else (0, None)
+    path = own_cgroup(proc_cgroup, version) if root is not None else None
+    if root is None or path is None:
+        return available, where
+    names = ("memory.limit_in_bytes", "memory.usage_in_bytes") if version == 1 else ("memory.max", "memory.current")
+    directory = root / path.lstrip("/")
+    while directory.is_relative_to(root):
+        try:
+            limit, usage, stat = ((directory / name).read_text() for name in (*names, "memory.stat"))
+            headroom = cgroup_headroom(limit, usage, stat, version)
+        except (OSError, ValueError):
+            headroom = None
+        if headroom is not None and headroom < available:
+            cgroup = "/" + str(directory.relative_to(root)).removeprefix(".")
+            available, where = headroom, f"cgroup v{version} {cgroup}: {names[0]} {format_bytes(int(limit))}"
+        if directory == root:
+            break
+        directory = directory.parent
+    return max(available, 0), where
+
+
 # --- finding a writable hierarchy ---
 
 
@@ -344,11 +415,7 @@ class PodCgroup:
             _write(cpuset / "cpuset.cpus", self.limits.cpuset)
             _write(cpuset / "cpuset.mems", (cpuset.parent / "cpuset.mems").read_text().strip())
         if self.limits.memory_bytes is not None:
-            memory = self.paths["memory"]
-            _write(memory / "memory.limit_in_bytes", str(self.limits.memory_bytes))
-            swap = memory / "memory.memsw.limit_in_bytes"  # memory + swap: the same limit means no swap
-            if swap.exists():
-                _write(swap, str(self.limits.memory_bytes))
+            self.limit_memory(self.limits.memory_bytes)
 
     def _create_v2(self, root: Path, needed: list[str]) -> None:
         parent = root / PARENT
@@ -362,10 +429,7 @@ class PodCgroup:
         if self.limits.cpuset is not None:
             _write(pod / "cpuset.cpus", self.limits.cpuset)
         if self.limits.memory_bytes is not None:
-            _write(pod / "memory.max", str(self.limits.memory_bytes))
-            for name, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
-                if (pod / name).exists():
-                    _write(pod / name, value)
+            self.limit_memory(self.limits.memory_bytes)
 
     def _make(self, parent: Path) -> Path:
         path = parent / self.name
@@ -376,6 +440,24 @@ class PodCgroup:
         except OSError as error:
             raise LimitsError(f"cannot create cgroup {path}: {error.strerror}") from None
         return path
+
+    def limit_memory(self, limit: int) -> None:
+        """Set the pod's memory limit, swap included (a breach OOM-kills, as in a pod), also while it runs: a limit
+        below what it holds is refused by the kernel once it cannot reclaim enough (EBUSY)."""
+        memory = self._dir("memory")
+        if self.version == 1:
+            swap = memory / "memory.memsw.limit_in_bytes"  # memory + swap: the same limit means no swap
+            if swap.exists() and int(swap.read_text()) < limit:  # the kernel keeps memsw at least the limit
+                _write(swap, str(limit))
+            _write(memory / "memory.limit_in_bytes", str(limit))
+            if swap.exists():
+                _write(swap, str(limit))
+        else:
+            _write(memory / "memory.max", str(limit))
+            for name, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
+                if (memory / name).exists():
+                    _write(memory / name, value)
+        self.limits = replace(self.limits, memory_bytes=limit)
 
     def join(self) -> None:
         """Move the calling process into the pod: as a subprocess's preexec_fn, the child and everything it

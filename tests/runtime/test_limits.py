@@ -21,13 +21,17 @@ from inferop.limits import (
     PodCgroup,
     PodLimits,
     cfs_quota_us,
+    cgroup_headroom,
     cgroup_unavailable_reason,
     cpu_max_text,
     cpu_stats_from,
     describe_usage,
     format_cpu_list,
+    memory_headroom,
     oom_kills_from,
+    own_cgroup,
     parse_cpu_list,
+    parse_meminfo,
     parse_mounts,
 )
 from tests.helpers import EXPORT_EXTRA, SERVE_EXTRA, SERVING, TINY, stopped_by_sigterm, wait_for
@@ -216,6 +220,63 @@ class TestCgroupFiles:
         assert parse_mounts("cgroup2 /mnt/my\\040cgroups cgroup2 rw 0 0\n") == ({}, [Path("/mnt/my cgroups")])
 
 
+class TestMemoryHeadroom:
+    """What this process may still take: its cgroups' limits less their working sets, and MemAvailable."""
+
+    V1_CGROUP = "12:pids:/\n4:memory:/process_api/abc\n1:name=systemd:/\n0::/\n"
+    V2_CGROUP = "0::/user.slice/job\n"
+
+    def test_meminfo_in_bytes(self) -> None:
+        text = "MemTotal:       24582416 kB\nMemAvailable:   22989220 kB\nHugePages_Total:       0\n"
+        assert parse_meminfo(text) == {
+            "MemTotal": 24582416 * 1024,
+            "MemAvailable": 22989220 * 1024,
+            "HugePages_Total": 0,
+        }
+
+    @pytest.mark.parametrize(
+        ("version", "text", "path"),
+        [(1, V1_CGROUP, "/process_api/abc"), (2, V2_CGROUP, "/user.slice/job"), (2, "4:memory:/x\n", None)],
+    )
+    def test_own_cgroup_by_version(self, version: int, text: str, path: str | None) -> None:
+        assert own_cgroup(text, version) == path
+
+    def test_v1_headroom_is_the_limit_less_usage_less_inactive_files(self) -> None:
+        stat = "cache 100\ntotal_inactive_file 300\ninactive_file 7\n"
+        assert cgroup_headroom("1000\n", "600\n", stat, 1) == 700
+
+    def test_v2_headroom_and_no_limit(self) -> None:
+        assert cgroup_headroom("1000\n", "600\n", "anon 500\ninactive_file 100\n", 2) == 500
+        assert cgroup_headroom("max\n", "600\n", "inactive_file 100\n", 2) is None
+
+    def layout(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limits_by_level: list[str]) -> None:
+        """A cgroup v2 mount at tmp_path/cg whose path /a/b holds this process, each level with a limit of its
+        own and 100 bytes in use, and a machine with 1 GiB available."""
+        root = tmp_path / "cg"
+        directory = root
+        for level, limit in zip(["", "a", "b"], limits_by_level, strict=True):
+            directory = directory / level
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / "memory.max").write_text(limit + "\n")
+            (directory / "memory.current").write_text("100\n")
+            (directory / "memory.stat").write_text("inactive_file 0\n")
+        (tmp_path / "mounts").write_text(f"cgroup2 {root} cgroup2 rw 0 0\n")
+        (tmp_path / "cgroup").write_text("0::/a/b\n")
+        (tmp_path / "meminfo").write_text(f"MemAvailable: {2**20} kB\n")
+        for name, file in (("MOUNTS", "mounts"), ("PROC_CGROUP", "cgroup"), ("MEMINFO", "meminfo")):
+            monkeypatch.setattr(limits, name, tmp_path / file)
+
+    def test_the_tightest_ancestor_sets_it(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.layout(tmp_path, monkeypatch, ["max", "5000", "9000"])
+        assert memory_headroom() == (4900, "cgroup v2 /a: memory.max 4.88Ki")
+
+    def test_without_a_tighter_limit_the_machine_s_memory_sets_it(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        self.layout(tmp_path, monkeypatch, ["max", "max", str(2**40)])
+        assert memory_headroom() == (2**30, f"MemAvailable in {tmp_path / 'meminfo'}")
+
+
 class TestWhereCgroupsAre:
     """Which hierarchy is chosen, from a /proc/mounts and cgroup roots laid out in a temporary directory."""
 
@@ -368,6 +429,27 @@ class TestPodCgroup:
         usage = cgroup.usage()
         assert usage["oom_kills"] == cgroup.oom_kills()
         assert usage["limit_memory_bytes"] == limit
+
+    def test_a_limit_set_while_the_pod_runs_holds_from_then_on(self, pods: Pods) -> None:
+        cgroup = pods.create(PodLimits())
+        child = pods.start(cgroup, "import sys; sys.stdin.readline(); chunks = [b'x' * 2**20 for _ in range(300)]")
+        cgroup.limit_memory(64 * MiB)
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        child.communicate(timeout=60)
+        assert child.returncode == -signal.SIGKILL
+        assert cgroup.oom_kills() >= 1 and cgroup.limits.memory_bytes == 64 * MiB
+
+    def test_a_process_in_a_pod_may_take_its_limit_less_what_it_holds(self, pods: Pods) -> None:
+        limit = 512 * MiB
+        cgroup = pods.create(PodLimits(memory_bytes=limit))
+        child = pods.start(cgroup, "from inferop.limits import memory_headroom; print(*memory_headroom(), sep='|')")
+        output, _ = child.communicate(timeout=60)
+        available, where = output.strip().split("|")
+        file = "memory.limit_in_bytes" if cgroup.version == 1 else "memory.max"
+        assert where == f"cgroup v{cgroup.version} {cgroup.path}: {file} 512Mi"
+        assert limit - cgroup.memory_peak() <= int(available) < limit
 
     def test_reset_peak_forgets_an_earlier_peak(self, pods: Pods) -> None:
         cgroup = pods.create(PodLimits())
