@@ -105,3 +105,31 @@ def opset_from_the_future(path: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
     )
     return _save(graph, path, opset=40)
+
+
+def upsampler(path: Path) -> Path:
+    """image FP32 [batch, 1, 32, 32] -> features FP32 [batch, 8]: upsampled 16 times, then two convolutions of 32 and
+    8 channels at 512x512 and a global average. Its weights are 10 KiB and its activations 64 MiB a sample: what an
+    export holds at once grows with the samples it runs."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array((rng.standard_normal((32, 1, 3, 3)) * 0.5).astype(np.float32), "w1"),
+        numpy_helper.from_array((rng.standard_normal((8, 32, 3, 3)) * 0.1).astype(np.float32), "w2"),
+        numpy_helper.from_array(np.array([1, 1, 16, 16], np.float32), "scales"),
+    ]
+    nodes = [
+        helper.make_node("Resize", ["image", "", "scales"], ["up"], mode="nearest"),
+        helper.make_node("Conv", ["up", "w1"], ["c1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("GlobalAveragePool", ["c2"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["features"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "upsampler",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 1, 32, 32])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 8])],
+        weights,
+    )
+    return _save(graph, path)

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from inferop_core.errors import InferopError
 from inferop_core.processing import Processing
 from inferop_core.storagecli import add_endpoint_arguments, endpoint_from
 from inferop_export.data import FORMS
-from inferop_export.precision import GATE_KEYS, PRECISIONS
+from inferop_export.precision import GATE_BATCH, GATE_KEYS, PRECISIONS
 from inferop_operator.spec import Batching, Serving, Threads, Timeouts
 
 
@@ -156,6 +157,14 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         help="int8 with every compute node quantized or nothing; by default, where that fails the gate, the first and "
         "last compute nodes, then those that add the most quantization noise, are tried in fp32 (at most half)",
     )
+    parser.add_argument(
+        "--gate-batch",
+        type=int,
+        default=GATE_BATCH,
+        metavar="N",
+        help="samples int8's gate runs through fp32 and int8 at once; the memory an int8 export needs grows with it, "
+        f"and the noise measure of the fallback asks for no more at a time (default {GATE_BATCH})",
+    )
     parser.add_argument("--manifest", type=Path, help="also write a ready-to-apply InferenceService to this file")
     parser.add_argument(
         "--storage-uri",
@@ -257,10 +266,12 @@ def read_labels(path: Path | None) -> list[str] | None:
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from inferop_export.exporter import VerificationError, export_model
+    from inferop_export.exporter import Cost, VerificationError, export_model
+    from inferop_export.memory import peak_resident_bytes
     from inferop_export.precision import UserData
     from inferop_operator.spec import parse_serving
 
+    started = time.perf_counter()
     try:
         storage = object_storage(args)
         serving = parse_serving(serving_settings(args))
@@ -276,9 +287,12 @@ def run(args: argparse.Namespace) -> int:
             gpu_memory=args.gpu_memory,
             data=UserData(args.calibration, args.validation, tuple(args.gate)),
             fallback=args.fallback,
+            gate_batch=args.gate_batch,
+            started=started,
         )
     except VerificationError as error:
         print(f"verification failed: {error}", file=sys.stderr)
+        print(f"  {Cost(round(time.perf_counter() - started, 3), peak_resident_bytes()).describe()}", file=sys.stderr)
         return 1
     except (InferopError, ValueError, ValidationError, FileNotFoundError) as error:  # bad input of any kind
         print(f"error: {error}", file=sys.stderr)
@@ -382,6 +396,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"queue bound {serving['max_queue_size']}",
         f"  weights: {serving['weights']}",
         f"  config: {report['configPath']}",
+        f"  {report['cost']['summary']}",
     ]
     lines += [f"  note: {note}" for note in report["notes"]]
     return "\n".join(lines)

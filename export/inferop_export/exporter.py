@@ -23,14 +23,31 @@ from typing import Any
 import numpy as np
 import onnx
 
+from inferop.limits import memory_headroom
 from inferop_core.agreement import GateResult
 from inferop_core.cpu import cpu_int8_instructions, int8_verdict
 from inferop_core.errors import InferopError
 from inferop_core.objectstore import sha256_file
-from inferop_core.quantity import parse_quantity
+from inferop_core.quantity import format_bytes, parse_quantity
 from inferop_core.threads import local_cpus
 from inferop_core.tritonconfig import DYNAMIC_DIM, MODEL_FILENAME, ServingConfig, render_model_config
-from inferop_export.precision import Attempt, UserData, check_precision, int8_with_fallback, precision_inputs
+from inferop_export.memory import (
+    ExportMemory,
+    check_fits,
+    export_runs,
+    gate_samples,
+    peak_resident_bytes,
+    resident_bytes,
+)
+from inferop_export.precision import (
+    GATE_BATCH,
+    Attempt,
+    PrecisionError,
+    UserData,
+    check_precision,
+    int8_with_fallback,
+    precision_inputs,
+)
 from inferop_export.profile import ModelProfile, profile_onnx
 from inferop_export.signature import Signature, read_signature
 from inferop_export.sources import Inputs, OnnxFile, SourceError, TorchModule
@@ -58,6 +75,28 @@ class VerificationError(InferopError, RuntimeError):
     """The exported model is not faithful to its source or cannot be served; the message carries the numbers."""
 
 
+@dataclass(frozen=True)
+class Cost:
+    """What an export took: its wall time, the process's high-water mark of resident memory, and the bound it
+    stated before the work (`inferop_export.memory`; None where it stopped before)."""
+
+    seconds: float
+    peak_bytes: int
+    bound_bytes: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "seconds": self.seconds,
+            "peakBytes": self.peak_bytes,
+            "boundBytes": self.bound_bytes,
+            "summary": self.describe(),
+        }
+
+    def describe(self) -> str:
+        bound = f" (bound {format_bytes(self.bound_bytes)})" if self.bound_bytes is not None else ""
+        return f"cost: {self.seconds:.1f}s, peak resident memory {format_bytes(self.peak_bytes)}{bound}"
+
+
 @dataclass
 class ExportReport:
     model: str
@@ -70,6 +109,7 @@ class ExportReport:
     profile: ModelProfile
     serving: ServingConfig
     spec: InferenceServiceSpec  # what was planned for this machine; manifests start from it
+    cost: Cost  # what the export took: wall time and memory
     precision: str = "fp32"
     gate: GateResult | None = None  # how a reduced precision kept fp32's answers; None for fp32
     attempts: list[Attempt] = field(default_factory=list)  # int8's quantizations behind the gate, the served last
@@ -98,11 +138,13 @@ class ExportReport:
             "speedVerdict": self.speed_verdict,
             "notes": self.notes,
             "seconds": self.seconds,
+            "cost": self.cost.as_dict(),
         }
 
 
 class Progress:
-    """Numbered step lines on stderr with elapsed times, so a minute-long export is visibly alive."""
+    """Numbered step lines on stderr with elapsed times and the process's resident memory at its highest so far, so
+    a minute-long export is visibly alive and the step that needs the most memory shows."""
 
     def __init__(self, total: int, quiet: bool = False):
         self.total, self.quiet, self.index = total, quiet, 0
@@ -117,7 +159,8 @@ class Progress:
         yield
         self.seconds[label] = round(time.perf_counter() - start, 3)
         if not self.quiet:
-            print(f"[{self.index}/{self.total}] {label}: {self.seconds[label]:.1f}s", file=sys.stderr, flush=True)
+            took = f"{self.seconds[label]:.1f}s, peak {format_bytes(peak_resident_bytes())}"
+            print(f"[{self.index}/{self.total}] {label}: {took}", file=sys.stderr, flush=True)
 
     def say(self, line: str) -> None:
         """A line within the current step."""
@@ -137,26 +180,36 @@ def export_model(
     gpu_memory: str | None = None,
     data: UserData | None = None,
     fallback: bool = True,
+    gate_batch: int = GATE_BATCH,
+    started: float | None = None,
 ) -> ExportReport:
     """Export, verify and write the Triton model directory; raise VerificationError if a check fails.
 
     The config is what the operator would render for `serving` on a pod with this machine's CPUs: threads
     derived from them unless set, the queue bound from the capacity measured here unless set. A reduced
     `precision` is made from the verified fp32 file, calibrated and gated on the user's `data` (a built-in network
-    may use its own inputs), and served only if it passes the gate, with compute nodes left in fp32 where that makes
-    it pass unless `fallback` is False. `gpu_memory` serves it on one GPU with that much device memory."""
+    may use its own inputs), and served only if it passes the gate, run `gate_batch` samples at a time, with compute
+    nodes left in fp32 where that makes it pass unless `fallback` is False. `gpu_memory` serves it on one GPU with
+    that much device memory. Before the work after the fp32 file's checks, the memory it needs is bounded
+    (`inferop_export.memory`) and refused where this process cannot have it. The model directory is made in a
+    temporary directory and moved into `repo` whole at the end: a failed or killed export leaves the repository
+    as it was. `started`: the `time.perf_counter()` at which the work began, for the report's time (the command
+    counts building the source); by default, now."""
+    started = time.perf_counter() if started is None else started
     check_precision(precision, source.gate, source.name, data)
     if gpu_memory is not None:
         parse_quantity(gpu_memory, "--gpu-memory (gpu.memory)")  # before anything is written
+    if gate_batch < 1:
+        raise PrecisionError(f"--gate-batch {gate_batch}: must be at least 1")
     serving = serving or Serving()
     model_dir = repo / source.name
-    model_path = model_dir / "1" / MODEL_FILENAME
     reduced = precision != "fp32"
-    if not reduced:
-        model_path.parent.mkdir(parents=True, exist_ok=True)
     progress = Progress(total=8 if reduced else 6, quiet=quiet)
     with tempfile.TemporaryDirectory(prefix="inferop-export-") as work:
-        # A reduced precision starts from fp32 beside the repository: nothing is written there unless it passes.
+        staged = Path(work) / source.name
+        model_path = staged / "1" / MODEL_FILENAME
+        model_path.parent.mkdir(parents=True)
+        # A reduced precision starts from fp32 beside the model directory: it is served only if it passes.
         fp32_path = Path(work) / MODEL_FILENAME if reduced else model_path
         with progress.step(f"writing {source.name} as ONNX"):
             source.write_onnx(fp32_path, serving.batching.max_batch_size, seed)
@@ -175,10 +228,22 @@ def export_model(
             batching = serving.batching.model_copy(update={"max_batch_size": 0})
             serving = serving.model_copy(update={"batching": batching})
         batch = serving.batching.samples_per_batch
+        fp32_profile = profile_onnx(model, parameters=source.parameters, input_shapes=signature.input_shapes(1))
+        if reduced:
+            calibration, validation, stated = precision_inputs(source, signature, data, seed + 3)
+            gate_batch = min(gate_batch, validation.samples)  # never more at once than there are
+        memory = ExportMemory(
+            resident_bytes(),
+            fp32_profile.weight_bytes,
+            fp32_profile.activation_bytes_per_sample,
+            export_runs(batch, gate_batch if reduced else None),
+        )
+        check_fits(memory, *memory_headroom())
+        progress.say(f"memory: {memory.describe()}")
 
         with progress.step("ONNX Runtime against the source"):
-            fp32_profile = profile_onnx(model, parameters=source.parameters, input_shapes=_profile_shapes(signature))
             comparison = compare_with_source(source, session, fp32_path, signature, fp32_profile, seed)
+        del session  # its weights and arena, before int8's work
         parity, against = comparison.parity, comparison.against
         failed = [p for p in parity if p["maxAbsDiff"] > source.tolerance]
         if failed:
@@ -190,13 +255,21 @@ def export_model(
             notes.append(f"outputs not compared: {against}")
         gate, fp32_rate, attempts, all_int8_rate = None, None, [], None
         if reduced:
-            calibration, validation, stated = precision_inputs(source, signature, data, seed + 3)
             with progress.step(
                 f"{precision}: static quantization calibrated on {calibration.origin}, gated against fp32 on "
                 f"{validation.origin}"
             ):
                 attempts = int8_with_fallback(
-                    fp32_path, Path(work), calibration, validation, signature, stated, fallback, progress.say
+                    fp32_path,
+                    Path(work),
+                    calibration,
+                    validation,
+                    signature,
+                    stated,
+                    gate_batch,
+                    gate_samples(gate_batch) * memory.activation_bytes,
+                    fallback,
+                    progress.say,
                 )
             gate = attempts[-1].gate
             if not gate.passed:
@@ -210,54 +283,53 @@ def export_model(
                 fp32_rate = measure_capacity(source, fp32_path, signature, batch, seed)
                 if len(attempts) > 1:  # what the nodes left in fp32 cost, against every node in int8
                     all_int8_rate = measure_capacity(source, attempts[0].path, signature, batch, seed)
-            model_path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(attempts[-1].path, model_path)
             model = onnx.load(str(model_path))
-    with progress.step("profile"):
-        profile = profile_onnx(model, parameters=source.parameters, input_shapes=_profile_shapes(signature))
-    with progress.step(f"capacity: ONNX Runtime, one thread, batch {batch}"):
-        rate = measure_capacity(source, model_path, signature, batch, seed)
-    speedup = round(rate / fp32_rate, 2) if fp32_rate else None
-    notes += fallback_notes(attempts, rate, all_int8_rate)
-    # An output whose size varies has no bytes in its dims: the memory estimate takes what was measured.
-    measured_io = comparison.io_bytes_per_sample if any(t.dynamic for t in signature.outputs) else None
-    profile = dataclasses.replace(profile, samples_per_cpu_second=rate, io_bytes_per_sample=measured_io)
+        with progress.step("profile"):
+            profile = profile_onnx(model, parameters=source.parameters, input_shapes=signature.input_shapes(1))
+        with progress.step(f"capacity: ONNX Runtime, one thread, batch {batch}"):
+            rate = measure_capacity(source, model_path, signature, batch, seed)
+        speedup = round(rate / fp32_rate, 2) if fp32_rate else None
+        notes += fallback_notes(attempts, rate, all_int8_rate)
+        # An output whose size varies has no bytes in its dims: the memory estimate takes what was measured.
+        measured_io = comparison.io_bytes_per_sample if any(t.dynamic for t in signature.outputs) else None
+        profile = dataclasses.replace(profile, samples_per_cpu_second=rate, io_bytes_per_sample=measured_io)
 
-    outputs = list(signature.outputs)
-    if source.labels:
-        outputs[0] = outputs[0].model_copy(update={"label_filename": LABELS_FILENAME})
-    spec = parse_spec(
-        {
-            **serving.model_dump(by_alias=True, exclude_unset=True),
-            "model": Model(
-                name=source.name,
-                storage_uri=storage_uri or f"hostpath://{model_dir.resolve()}",
-                storage=ObjectStorage.model_validate(storage) if storage else None,
-                profile=Profile.model_validate(profile.as_spec()),
-                weights=source.weights,
-                sha256=sha256_file(model_path),
-                inputs=[Tensor.of(t) for t in signature.inputs],
-                outputs=[Tensor.of(t) for t in outputs],
-                processing=source.processing,
-                precision="int8" if reduced else "fp32",
-            ).model_dump(  # an fp32 model's manifest says nothing of int8
-                by_alias=True, exclude_none=True, exclude=None if reduced else {"precision", "int8_nodes"}
-            ),
-            "resources": {"limits": {"cpu": local_cpus(), **({GPU_RESOURCE: 1} if gpu_memory else {})}},
-            **({"gpu": {"memory": gpu_memory}} if gpu_memory else {}),
-        }
-    )
-    plan = plan_service(spec)  # the operator's checks too: an export that oversubscribes is refused
-    with progress.step("config.pbtxt"):
-        config_path = model_dir / "config.pbtxt"
-        config_path.write_text(render_model_config(plan.serving))
+        outputs = list(signature.outputs)
         if source.labels:
-            (model_dir / LABELS_FILENAME).write_text("\n".join(source.labels) + "\n")
+            outputs[0] = outputs[0].model_copy(update={"label_filename": LABELS_FILENAME})
+        spec = parse_spec(
+            {
+                **serving.model_dump(by_alias=True, exclude_unset=True),
+                "model": Model(
+                    name=source.name,
+                    storage_uri=storage_uri or f"hostpath://{model_dir.resolve()}",
+                    storage=ObjectStorage.model_validate(storage) if storage else None,
+                    profile=Profile.model_validate(profile.as_spec()),
+                    weights=source.weights,
+                    sha256=sha256_file(model_path),
+                    inputs=[Tensor.of(t) for t in signature.inputs],
+                    outputs=[Tensor.of(t) for t in outputs],
+                    processing=source.processing,
+                    precision="int8" if reduced else "fp32",
+                ).model_dump(  # an fp32 model's manifest says nothing of int8
+                    by_alias=True, exclude_none=True, exclude=None if reduced else {"precision", "int8_nodes"}
+                ),
+                "resources": {"limits": {"cpu": local_cpus(), **({GPU_RESOURCE: 1} if gpu_memory else {})}},
+                **({"gpu": {"memory": gpu_memory}} if gpu_memory else {}),
+            }
+        )
+        plan = plan_service(spec)  # the operator's checks too: an export that oversubscribes is refused
+        with progress.step("config.pbtxt"):
+            (staged / "config.pbtxt").write_text(render_model_config(plan.serving))
+            if source.labels:
+                (staged / LABELS_FILENAME).write_text("\n".join(source.labels) + "\n")
+            install(staged, model_dir)
 
-    report = ExportReport(
+    return ExportReport(
         model=source.name,
-        model_path=str(model_path),
-        config_path=str(config_path),
+        model_path=str(model_dir / "1" / MODEL_FILENAME),
+        config_path=str(model_dir / "config.pbtxt"),
         checker="passed",
         parity=parity,
         parity_against=against,
@@ -272,8 +344,28 @@ def export_model(
         speed_verdict=None if speedup is None else int8_verdict(speedup, cpu_int8_instructions()),
         notes=notes,
         seconds=progress.seconds,
+        cost=Cost(round(time.perf_counter() - started, 3), peak_resident_bytes(), memory.bound_bytes),
     )
-    return report
+
+
+def install(staged: Path, model_dir: Path) -> None:
+    """Put the finished model directory `staged` at `model_dir`, so that a kill at any moment leaves the repository
+    with the old directory or the new one, whole: copied beside it first (a rename is atomic only within one file
+    system), then renamed into place, the old one renamed aside just before (nothing but two renames between) and
+    removed after. The copy is a hidden directory without a config until its last file, which no server loads."""
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    beside = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
+    try:
+        shutil.copytree(staged, beside, dirs_exist_ok=True, ignore=shutil.ignore_patterns("config.pbtxt"))
+        shutil.copyfile(staged / "config.pbtxt", beside / "config.pbtxt")
+        old = beside.with_name(f"{beside.name}.old")
+        if model_dir.exists():
+            model_dir.rename(old)
+        beside.rename(model_dir)
+    except BaseException:
+        shutil.rmtree(beside, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def check_labels_fit(source: Source, signature: Signature) -> None:
@@ -406,7 +498,3 @@ def measure_capacity(
         session.run(None, feeds)
         runs += 1
     return round(runs * batch / (time.perf_counter() - start), 3)
-
-
-def _profile_shapes(signature: Signature) -> dict[str, list[int]]:
-    return {tensor.name: signature.shape(tensor, 1) for tensor in signature.inputs}

@@ -26,6 +26,7 @@ from inferop_core.errors import InferopError
 from inferop_core.processing import Processing
 from inferop_core.tritonconfig import TensorSpec
 from inferop_export.data import FORMS, DataError, SampleSet, check_labels, load_samples, samples_needed
+from inferop_export.profile import tensor_sizes
 from inferop_export.signature import Signature
 
 if TYPE_CHECKING:  # the sources import torch; `inferop export --help` needs only PRECISIONS
@@ -38,11 +39,14 @@ if TYPE_CHECKING:  # the sources import torch; `inferop export --help` needs onl
 PRECISIONS = ("fp32", "int8")
 CALIBRATION_SAMPLES = 64
 GATE_SAMPLES = 1000
-GATE_BATCH = 50
+# Samples the gate runs through each model at once (--gate-batch): what the search holds grows with it.
+GATE_BATCH = 8
 # The nodes int8 computes; the rest carry int8 tensors through or run in float.
 QUANTIZED_OPS = frozenset({"Conv", "Gemm", "MatMul"})
 # Validation samples that each node's added quantization noise is measured on, to choose which to leave in fp32.
 SENSITIVITY_SAMPLES = 100
+# Elements of a tensor whose squares are summed at once, in float64: 16 MiB of temporaries, whatever the tensor.
+SQUARES_CHUNK = 2**20
 # How ONNX Runtime's QDQ quantizer names a tensor's quantized-dequantized copy, and how many single-consumer nodes
 # (a ReLU it folds into the quantization) are followed to find a node's output in the int8 model.
 DEQUANTIZED = "_DequantizeLinear_Output"
@@ -392,14 +396,17 @@ def int8_with_fallback(
     validation: Samples,
     signature: Signature,
     gate: Gate,
+    batch: int,
+    budget: int,
     fallback: bool = True,
     say: Callable[[str], None] = lambda _: None,
 ) -> list[Attempt]:
     """int8 with every compute node quantized; then, while the gate fails and `fallback` allows, the standard
     remedies, at most MAX_FALLBACKS more quantizations and never more than half the compute nodes (rounded up) in
     fp32: the nodes that add the most quantization noise (`sensitive_nodes`), measured again on each failed attempt
-    and doubled in number each time, and last the first and last compute nodes. The attempts in order; the last
-    passed if any did."""
+    and doubled in number each time, and last the first and last compute nodes. The gate runs `batch` samples
+    through each model at once, and no run of the noise measure holds more than `budget` bytes. The attempts in order;
+    the last passed if any did."""
     attempts: list[Attempt] = []
     with prepared_for_int8(fp32) as prepared:
         nodes = compute_nodes(onnx.load(str(prepared)))
@@ -408,7 +415,7 @@ def int8_with_fallback(
         def attempt(keep: Sequence[str], why: str) -> bool:
             path = work / f"int8-{len(attempts)}.onnx"
             quantize_prepared(prepared, path, calibration, signature, keep)
-            result = run_gate("int8", fp32, path, validation, signature, gate)
+            result = run_gate("int8", fp32, path, validation, signature, gate, batch)
             attempts.append(Attempt(tuple(keep), why, result, path))
             say(f"{why}: {'passes' if result.passed else 'fails'} ({result.describe()})")
             return result.passed
@@ -417,7 +424,7 @@ def int8_with_fallback(
             return attempts
         keep: list[str] = []
         while len(attempts) < MAX_FALLBACKS and len(keep) < limit:  # the last one kept for the first and last
-            ranked = sensitive_nodes(prepared, attempts[-1].path, validation, signature, nodes)
+            ranked = sensitive_nodes(prepared, attempts[-1].path, validation, signature, nodes, budget)
             keep += [name for name in ranked if name not in keep][: min(max(1, len(keep)), limit - len(keep))]
             if attempt(keep, f"{len(keep)} compute node(s) adding the most quantization noise in fp32"):
                 return attempts
@@ -433,14 +440,16 @@ def compute_nodes(model: onnx.ModelProto) -> list[str]:
 
 
 def sensitive_nodes(
-    prepared: Path, quantized: Path, validation: Samples, signature: Signature, nodes: Sequence[str]
+    prepared: Path, quantized: Path, validation: Samples, signature: Signature, nodes: Sequence[str], budget: int
 ) -> list[str]:
     """`nodes` by the quantization noise each adds, most first: the relative noise power of what it hands on less
     that of what it takes, the int8 model's tensors against fp32's on the first SENSITIVITY_SAMPLES validation
     samples. Both run without graph optimisations, int8 as quantize-dequantize in float, so its tensors are there
     to read: what a node takes before its own input is quantized, what it hands on after its output is (the
-    quantizer folds a ReLU into that, so the fp32 side is followed through such a node)."""
-    fp32_graph = onnx.load(str(prepared)).graph
+    quantizer folds a ReLU into that, so the fp32 side is followed through such a node). No run holds more than
+    `budget` bytes of tensors (`noise_powers`)."""
+    fp32_model = onnx.load(str(prepared))
+    fp32_graph = fp32_model.graph
     by_name = {node.name: node for node in fp32_graph.node}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in fp32_graph.node:
@@ -468,55 +477,113 @@ def sensitive_nodes(
         return None
 
     ends = {name: (took(by_name[name].input[0]), handed_on(by_name[name].output[0])) for name in nodes}
-    pairs = [pair for end in ends.values() for pair in end if pair is not None and pair[0] not in given]
-    fp32 = _tensors(onnx.load(str(prepared)), sorted({f for f, _ in pairs}), validation, signature)
-    int8 = _tensors(int8_model, sorted({q for _, q in pairs}), validation, signature)
+    pairs = sorted({pair for end in ends.values() for pair in end if pair is not None and pair[0] not in given})
+    powers = noise_powers(fp32_model, int8_model, pairs, validation, signature, budget)
 
     def noise(pair: tuple[str, str] | None) -> float:
         if pair is None:
             return math.nan
-        if pair[0] in given:
-            return 0.0  # the model's own input, the same in both
-        reference, compared = fp32[pair[0]].astype(np.float64), int8[pair[1]].astype(np.float64)
-        if reference.shape != compared.shape:
-            return math.nan
-        return float(np.sum((compared - reference) ** 2) / max(float(np.sum(reference**2)), 1e-30))
+        return 0.0 if pair[0] in given else powers[pair]  # the model's own input is the same in both
 
     added = {name: noise(ends[name][1]) - noise(ends[name][0]) for name in nodes}
     return sorted(nodes, key=lambda name: math.inf if math.isnan(added[name]) else -added[name])
 
 
-def _tensors(model: onnx.ModelProto, names: Sequence[str], samples: Samples, signature: Signature) -> dict[str, Any]:
-    """`names` as `model` computes them on the first SENSITIVITY_SAMPLES of `samples`, without graph optimisations."""
+def noise_powers(
+    fp32: onnx.ModelProto,
+    int8: onnx.ModelProto,
+    pairs: Sequence[tuple[str, str]],
+    samples: Samples,
+    signature: Signature,
+    budget: int,
+) -> dict[tuple[str, str], float]:
+    """For each (fp32 tensor, int8 tensor) pair, the int8 tensor's noise power relative to fp32's signal on the
+    first SENSITIVITY_SAMPLES of `samples` (NaN where the shapes differ), both models without graph optimisations.
+
+    The sums of squares are accumulated run by run, and no run holds more than about `budget` bytes of tensors
+    (`noise_runs`): holding every tensor of both models for every sample took Inception V3's export past 24 GB."""
+    sizes, activation = tensor_sizes(fp32, signature.input_shapes(1))
+    error, power = dict.fromkeys(pairs, 0.0), dict.fromkeys(pairs, 0.0)
+    for group, per_run in noise_runs(pairs, sizes, activation, budget):
+        fp32_names, int8_names = sorted({f for f, _ in group}), sorted({q for _, q in group})
+        fp32_session, int8_session = _unoptimised(fp32, fp32_names), _unoptimised(int8, int8_names)
+        seen = 0
+        for inputs, _ in samples.batches(per_run):
+            take = min(len(inputs[0]), SENSITIVITY_SAMPLES - seen)
+            feeds = {spec.name: array[:take] for spec, array in zip(signature.inputs, inputs, strict=True)}
+            reference = dict(zip(fp32_names, fp32_session.run(fp32_names, feeds), strict=True))
+            compared = dict(zip(int8_names, int8_session.run(int8_names, feeds), strict=True))
+            for pair in group:
+                want, got = reference[pair[0]], compared[pair[1]]
+                if want.shape != got.shape:
+                    error[pair] = math.nan
+                    continue
+                for start in range(0, want.size, SQUARES_CHUNK):  # float64 sums, their temporaries kept small
+                    reference_part = want.reshape(-1)[start : start + SQUARES_CHUNK].astype(np.float64)
+                    difference = got.reshape(-1)[start : start + SQUARES_CHUNK] - reference_part
+                    error[pair] += float(difference @ difference)
+                    power[pair] += float(reference_part @ reference_part)
+            seen += take
+            if seen >= SENSITIVITY_SAMPLES:
+                break
+    return {pair: error[pair] / max(power[pair], 1e-30) for pair in pairs}
+
+
+def noise_runs(
+    pairs: Sequence[tuple[str, str]], sizes: dict[str, int], activation: int, budget: int
+) -> list[tuple[list[tuple[str, str]], int]]:
+    """The noise measure's runs: groups of pairs, each with the samples a run of it takes, so that a run holds at
+    most `budget` bytes. A sample of a group holds both sides of each pair (their bytes in `sizes`; an int8 tensor
+    has its fp32 twin's shape, and one of unknown size counts as the whole budget) and the `activation` bytes the
+    model computes beside them. A group takes as many pairs as fit, a run as many samples, at least one: a tensor
+    larger than the budget is measured alone, one sample at a time."""
+    runs: list[tuple[list[tuple[str, str]], int]] = []
+
+    def held(members: Sequence[tuple[str, str]]) -> int:
+        twins = {q: f for f, q in members}
+        tensors = [*{f for f, _ in members}, *twins.values()]
+        return activation + sum(sizes.get(name, budget) for name in tensors)
+
+    def close(members: list[tuple[str, str]]) -> None:
+        runs.append((members, max(1, min(SENSITIVITY_SAMPLES, budget // held(members)))))
+
+    group: list[tuple[str, str]] = []
+    for pair in pairs:
+        if group and held([*group, pair]) > budget:
+            close(group)
+            group = []
+        group.append(pair)
+    if group:
+        close(group)
+    return runs
+
+
+def _unoptimised(model: onnx.ModelProto, outputs: Sequence[str]) -> Any:
+    """An ONNX Runtime session on `model` that answers the tensors named in `outputs`, without graph optimisations
+    (which would fuse some of them away)."""
     import onnxruntime as ort
 
     del model.graph.output[:]
-    model.graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in names)
+    model.graph.output.extend(
+        onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in outputs
+    )
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    runs: dict[str, list[np.ndarray]] = {name: [] for name in names}
-    seen = 0
-    for inputs, _ in samples.batches(GATE_BATCH):
-        feeds = {spec.name: array for spec, array in zip(signature.inputs, inputs, strict=True)}
-        for name, array in zip(names, session.run(list(names), feeds), strict=True):
-            runs[name].append(array)
-        seen += len(inputs[0])
-        if seen >= SENSITIVITY_SAMPLES:
-            break
-    return {name: np.concatenate(arrays) for name, arrays in runs.items()}
+    # Without the arena what a run asked for is freed with it: Inception V3's measure took 275 MB, with it 446.
+    options.enable_cpu_mem_arena = False
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def run_gate(
-    precision: str, fp32: Path, reduced: Path, validation: Samples, signature: Signature, gate: Gate
+    precision: str, fp32: Path, reduced: Path, validation: Samples, signature: Signature, gate: Gate, batch: int
 ) -> GateResult:
-    """Both models on the held-out `validation` samples, counted against `gate`."""
+    """Both models on the held-out `validation` samples, `batch` at a time, counted against `gate`."""
     import onnxruntime as ort
 
     sessions = [ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]) for path in (fp32, reduced)]
     names = [t.name for t in signature.outputs]
     comparison = Comparison(gate)
-    for inputs, labels in validation.batches(GATE_BATCH):
+    for inputs, labels in validation.batches(batch):
         feeds = {spec.name: array for spec, array in zip(signature.inputs, inputs, strict=True)}
         want, got = ({n: o for n, o in zip(names, s.run(names, feeds), strict=True)} for s in sessions)
         comparison.add(want, got, len(inputs[0]), labels)

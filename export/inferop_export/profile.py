@@ -60,6 +60,17 @@ def profile_onnx(
     )
 
 
+def tensor_sizes(
+    model: onnx.ModelProto, input_shapes: dict[str, list[int]] | None = None
+) -> tuple[dict[str, int], int]:
+    """Bytes of each tensor of `model` whose shape is known, for one sample, and its peak live activation bytes
+    (inputs as in `profile_onnx`)."""
+    graph = _shapes_at_batch_one(model, input_shapes or {}).graph
+    shapes = _known_shapes(graph)
+    sizes = {name: _numel(dims) * _elem_bytes(elem_type) for name, (elem_type, dims) in shapes.items()}
+    return sizes, peak_live_activation_bytes(graph, shapes, {init.name for init in graph.initializer})
+
+
 def conv_macs(output_shape: list[int], kernel_shape: list[int]) -> int:
     """Multiply-accumulates of a convolution: each output element sums over its kernel, whose shape
     [C_out, C_in / group, k...] already accounts for grouping."""

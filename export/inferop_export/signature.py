@@ -59,6 +59,10 @@ class Signature:
         """The tensor's full shape for `batch` samples (an unbatched model's shape is its dims)."""
         return [batch, *tensor.dims] if self.batched else list(tensor.dims)
 
+    def input_shapes(self, batch: int) -> dict[str, list[int]]:
+        """Every input's full shape for `batch` samples, by name."""
+        return {tensor.name: self.shape(tensor, batch) for tensor in self.inputs}
+
 
 def parse_input_flag(text: str) -> InputFlag:
     """`board=1,8,7` or `ids=16:INT64` (dims also as 1x8x7); errors quote the flag."""

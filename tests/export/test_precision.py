@@ -7,6 +7,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,15 +23,20 @@ from inferop_export.precision import (
     GATE_SAMPLES,
     MIN_COSINE,
     PRECISIONS,
+    SENSITIVITY_SAMPLES,
     CalibrationInputs,
     GeneratedSamples,
     PrecisionError,
     average_pools_as_depthwise_convs,
     check_precision,
+    noise_powers,
+    noise_runs,
+    prepared_for_int8,
+    quantize_prepared,
     stated_gate,
 )
-from inferop_export.signature import Signature
-from inferop_export.sources import OnnxFile
+from inferop_export.signature import Signature, read_signature
+from inferop_export.sources import Inputs, OnnxFile
 from tests.helpers import TINY
 
 # A gate any int8 rendering of the tiny net passes, to follow a passing export to the end.
@@ -226,3 +232,91 @@ def test_int8_pools_on_the_int8_convolution_kernels(tmp_path: Path) -> None:
     ort.InferenceSession(report.model_path, options, providers=["CPUExecutionProvider"])
     kernels = [node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
     assert kernels.count("QLinearConv") == 3 and "QLinearAveragePool" not in kernels, kernels
+
+
+SIZES = {"a": 10, "b": 10, "c": 30}  # bytes a sample of each tensor
+PAIRS = [("a", "a_dq"), ("b", "b"), ("c", "c_dq")]  # (fp32 tensor, int8 tensor)
+
+
+class TestNoiseRuns:
+    """The fallback's noise measure asks for at most a budget of tensors per run: a few pairs and samples at once."""
+
+    def test_pairs_are_grouped_within_the_budget_and_a_large_one_runs_alone(self) -> None:
+        # a and b: 20 bytes a side; c: 30 a side, over the 40 left.
+        assert noise_runs(PAIRS, SIZES, activation=0, budget=40) == [(PAIRS[:2], 1), (PAIRS[2:], 1)]
+
+    def test_a_run_takes_as_many_samples_as_the_budget_holds(self) -> None:
+        assert noise_runs(PAIRS, SIZES, activation=0, budget=400) == [(PAIRS, 4)]
+        assert noise_runs(PAIRS, SIZES, activation=0, budget=10**9) == [(PAIRS, SENSITIVITY_SAMPLES)]
+
+    def test_what_the_model_computes_beside_the_tensors_counts_in_each_sample(self) -> None:
+        # a and b with 20 bytes of activations beside: 60 a sample, one sample a run.
+        assert noise_runs(PAIRS, SIZES, activation=20, budget=60) == [(PAIRS[:2], 1), (PAIRS[2:], 1)]
+        assert noise_runs(PAIRS, SIZES, activation=20, budget=240) == [(PAIRS, 2)]
+
+    def test_an_int8_tensor_read_twice_is_held_once_and_a_tensor_of_unknown_size_alone(self) -> None:
+        pairs = [("a", "a_dq"), ("b", "a_dq"), ("d", "d")]
+        assert noise_runs(pairs, SIZES, activation=0, budget=30) == [(pairs[:2], 1), (pairs[2:], 1)]
+
+
+class RecordedSamples:
+    """Generated samples that record the batch each run asked for."""
+
+    def __init__(self, samples: GeneratedSamples) -> None:
+        self.inner, self.asked = samples, list[int]()
+
+    @property
+    def origin(self) -> str:
+        return self.inner.origin
+
+    @property
+    def samples(self) -> int:
+        return self.inner.samples
+
+    def batches(self, batch: int) -> Iterator[tuple[Inputs, np.ndarray | None]]:
+        self.asked.append(batch)
+        return self.inner.batches(batch)
+
+
+def test_the_noise_measured_a_run_at_a_time_is_the_noise_of_all_samples_at_once(tmp_path: Path) -> None:
+    """The measure, streamed one pair and one sample a run or taken whole, against the noise computed from every
+    tensor of the first SENSITIVITY_SAMPLES samples held at once (what it computed before it was streamed)."""
+    import onnxruntime as ort
+
+    fp32 = _pooling_model(tmp_path / "pooling.onnx")
+    source = OnnxFile("pooling", fp32)
+    signature = read_signature(onnx.load(str(fp32)))
+    calibration = GeneratedSamples(source, signature, samples=16, seed=0)
+    validation = GeneratedSamples(source, signature, samples=2 * SENSITIVITY_SAMPLES, seed=1)
+    with prepared_for_int8(fp32) as prepared:
+        quantize_prepared(prepared, tmp_path / "int8.onnx", calibration, signature)
+        fp32_model, int8_model = onnx.load(str(prepared)), onnx.load(str(tmp_path / "int8.onnx"))
+    produced = {name for node in int8_model.graph.node for name in node.output}
+    pairs = [
+        (name, f"{name}_DequantizeLinear_Output" if f"{name}_DequantizeLinear_Output" in produced else name)
+        for node in fp32_model.graph.node
+        for name in node.output
+        if name in produced
+    ]
+    assert len(pairs) >= 3
+
+    def whole(model: onnx.ModelProto, names: list[str]) -> list[np.ndarray]:
+        del model.graph.output[:]
+        model.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        (inputs, _), *_ = validation.batches(SENSITIVITY_SAMPLES)
+        return session.run(names, {"x": inputs[0]})
+
+    reference = whole(onnx.ModelProto.FromString(fp32_model.SerializeToString()), [f for f, _ in pairs])
+    compared = whole(onnx.ModelProto.FromString(int8_model.SerializeToString()), [q for _, q in pairs])
+    expected = [float(np.sum((q.astype(np.float64) - f) ** 2) / np.sum(f.astype(np.float64) ** 2))
+                for f, q in zip(reference, compared, strict=True)]  # fmt: skip
+    assert min(expected) > 0
+
+    for budget, asked in ((1, {1}), (10**12, {SENSITIVITY_SAMPLES})):
+        recorded = RecordedSamples(validation)
+        powers = noise_powers(fp32_model, int8_model, pairs, recorded, signature, budget)
+        np.testing.assert_allclose([powers[pair] for pair in pairs], expected, rtol=1e-6)
+        assert set(recorded.asked) == asked and len(recorded.asked) == (len(pairs) if budget == 1 else 1)

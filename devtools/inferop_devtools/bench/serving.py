@@ -161,7 +161,7 @@ def int8_bench(model_dir: Path, batch: int, seconds: float) -> dict[str, Any]:
     from inferop.serving.localrepo import write_model_repo
     from inferop_core.tritonconfig import parse_model_config, read_serving_config
     from inferop_export.networks.inception_v3 import inception_v3
-    from inferop_export.precision import precision_inputs, quantize_int8, run_gate
+    from inferop_export.precision import GATE_BATCH, precision_inputs, quantize_int8, run_gate
     from inferop_export.signature import read_signature
     from inferop_export.tune import Grid, Search, TritonTrials, require_best, thread_layouts
 
@@ -176,7 +176,7 @@ def int8_bench(model_dir: Path, batch: int, seconds: float) -> dict[str, Any]:
         int8 = repos["int8"] / model_dir.name / "1" / "model.onnx"
         print("int8: quantizing, then its accuracy gate on 1,000 held-out inputs ...", flush=True)
         quantize_int8(fp32, int8, calibration, signature)
-        gate = run_gate("int8", fp32, int8, validation, signature, stated)
+        gate = run_gate("int8", fp32, int8, validation, signature, stated, GATE_BATCH)
         print(f"int8 and fp32, served config: {INT8_ROUNDS} alternating rounds of 2 x batch {batch} ...", flush=True)
         served = alternate(repos, model_dir.name, 2, batch, seconds / 2)
 
