@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import pytest
 
 from inferop.paths import repo_root
 from inferop.serving.localrepo import PYTHON_MODEL
+from inferop_devtools.cluster import tools
 from inferop_devtools.cluster.controlplane import KUBERNETES_1_37, ClusterError, Layout, kube_binaries
 from inferop_devtools.cluster.images import ImageError, Images, ImageSpec, archive_reference, write_archive
 from inferop_devtools.cluster.local_images import busybox_image, images_cache, operator_image, triton_image
@@ -42,7 +44,10 @@ from inferop_devtools.cluster.node import (
     network_commands,
 )
 from inferop_devtools.cluster.tools import built
-from tests.helpers import serving, wait_for
+from inferop_export.manifest import build_manifest
+from inferop_operator.plan import memory_limit, plan_service
+from inferop_operator.spec import Threads, parse_spec
+from tests.helpers import ExportedRepo, serving, wait_for
 
 SITE = NodeSite.of(Path("/state"))
 
@@ -335,9 +340,25 @@ def test_a_pod_over_its_memory_limit_is_oom_killed_by_the_kernel(kube: Cluster, 
     assert terminated["reason"] == "OOMKilled", terminated
 
 
+INFEROP = [sys.executable, "-m", "inferop_core.cli"]
+
+
+@pytest.fixture
+def operator(kube: Cluster, tmp_path: Path) -> Iterator[Path]:
+    """The README's operator, for one test (the chart's test runs its own): the CRD applied, `inferop operator` in
+    the background with `up`'s environment (the local Triton image its default); its log's path."""
+    kube.run("apply", "-f", str(repo_root() / "charts" / "inferop" / "crds"))
+    log_path = tmp_path / "operator.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([*INFEROP, "operator"], env=kube.env, stdout=log, stderr=subprocess.STDOUT)
+    yield log_path
+    process.terminate()
+    process.wait(timeout=30)
+
+
 @pytest.mark.integration
 def test_an_exported_model_serves_on_the_node_as_the_operator_renders_it(
-    kube: Cluster, tmp_path: Path, measured: Callable[[str], None]
+    kube: Cluster, operator: Path, tmp_path: Path, measured: Callable[[str], None]
 ) -> None:
     """The README's path on the local cluster: export, the CRD, the operator, apply the manifest; the pod runs the
     Deployment the operator rendered in the local Triton image, and answers through `kubectl port-forward` as
@@ -345,16 +366,12 @@ def test_an_exported_model_serves_on_the_node_as_the_operator_renders_it(
     from inferop.serving.tritonserver import free_port
 
     repo, manifest = tmp_path / "model_repo", tmp_path / "conv-net.yaml"
-    inferop = [sys.executable, "-m", "inferop_core.cli"]
-    export = subprocess.run([*inferop, "export", "conv_net", "--repo", str(repo), "--manifest", str(manifest)],
+    export = subprocess.run([*INFEROP, "export", "conv_net", "--repo", str(repo), "--manifest", str(manifest)],
                             capture_output=True, text=True, check=False)  # fmt: skip
     assert export.returncode == 0, export.stderr
-    kube.run("apply", "-f", str(repo_root() / "charts" / "inferop" / "crds"))
-    with open(tmp_path / "operator.log", "wb") as log:
-        operator = subprocess.Popen([*inferop, "operator"], env=kube.env, stdout=log, stderr=subprocess.STDOUT)
+    applied = time.monotonic()
+    kube.run("apply", "-f", str(manifest))
     try:
-        applied = time.monotonic()
-        kube.run("apply", "-f", str(manifest))
         ready = kube.run("wait", "--for=condition=Ready", "infsvc/conv-net", "--timeout=120s", check=False, timeout=130)
         assert "condition met" in ready, kube.run("describe", "infsvc,pods", check=False)
         measured(f"conv-net Ready {time.monotonic() - applied:.1f} s after kubectl apply")
@@ -377,9 +394,86 @@ def test_an_exported_model_serves_on_the_node_as_the_operator_renders_it(
         for name in ("policy", "value"):
             np.testing.assert_allclose(on_the_node[name], locally[name], rtol=1e-6, atol=1e-7)
     finally:
-        operator.terminate()
-        operator.wait(timeout=30)
-        kube.run("delete", "-f", str(manifest), "--wait=false", check=False)
+        kube.run("delete", "-f", str(manifest), "--wait=true", check=False)
+
+
+def one_cpu(name: str, repo: ExportedRepo, model: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`model` of `repo` as an InferenceService at one thread and one CPU (a 2-CPU node holds it beside the
+    operator's pod), with `changes` to its spec's sections, its memory limit the plan's for them."""
+    spec = repo.reports[model].spec.model_copy(update={"threads": Threads(intra_op=1, inter_op=1)})
+    manifest = build_manifest(spec, name, "1")
+    manifest["spec"]["model"]["storageUri"] = f"hostpath://{repo.path / model}"
+    for section, fields in (changes or {}).items():
+        place = manifest["spec"]
+        for key in section.split("."):
+            place = place.setdefault(key, {})
+        place.update(fields)
+    planned = plan_service(parse_spec(manifest["spec"])).memory.required_bytes
+    manifest["spec"]["resources"]["requests"]["memory"] = memory_limit(planned)
+    manifest["spec"]["resources"]["limits"]["memory"] = memory_limit(planned)
+    return manifest
+
+
+@pytest.mark.parametrize(
+    ("model", "changes", "reason", "said"),
+    [
+        # The image is the init container's too, which the kubelet starts first.
+        ("conv_net", {"runtime": {"image": "inferop.local/no-such-image:1"}}, "ImagePullFailed",
+         'container layout-model of pod bad-.* cannot pull image "inferop.local/no-such-image:1"'),
+        # A manifest that understates Inception V3 (1 MiB of weights, a server of 1 MiB): the plan's limit holds
+        # the estimate, the kernel kills the server that loads the real 91 MiB of weights.
+        ("inception_v3", {"runtime": {"memoryOverhead": "1Mi"},
+                          "model.profile": {"weightBytes": 2**20, "activationBytesPerSample": 1024}},
+         "OOMKilled", "container triton of pod bad-.* was OOM-killed at its memory limit of [0-9.]+Mi, above the "
+         "memory model's estimate"),
+    ],
+    ids=["missing-image", "memory-below-need"],
+)  # fmt: skip
+@pytest.mark.integration
+def test_the_kubelet_s_reasons_reach_the_status_with_the_fix(
+    kube: Cluster, operator: Path, model_repo: ExportedRepo, model: str, changes: dict[str, Any], reason: str,
+    said: str,
+) -> None:  # fmt: skip
+    kube.apply(one_cpu("bad", model_repo, model, changes))
+    try:
+
+        def pods_healthy() -> dict[str, Any] | None:
+            found = json.loads(kube.run("get", "infsvc", "bad", "-o", "json"))
+            conditions = (found.get("status") or {}).get("conditions") or []
+            condition = next((c for c in conditions if c["type"] == "PodsHealthy"), None)
+            return condition if condition and condition["status"] == "False" else None
+
+        condition = wait_for(pods_healthy, 120, f"PodsHealthy False ({reason})", interval=1)
+        assert condition["reason"] == reason, condition
+        assert re.search(said, condition["message"]), condition
+    finally:
+        kube.run("delete", "infsvc", "bad", "--wait=true", check=False)
+
+
+@pytest.mark.integration
+def test_helm_install_runs_the_operator_as_a_pod_that_serves_a_model(
+    kube: Cluster, exported_tiny: ExportedRepo
+) -> None:
+    """The chart with the node's images: the operator runs as a pod under the chart's RBAC and security context,
+    reaches the apiserver through the `kubernetes` Service, and reconciles an InferenceService into a Triton pod
+    that answers."""
+    namespace = "inferop-system"
+    helm = [str(tools.helm()), "--kubeconfig", kube.env["KUBECONFIG"]]
+    install = [*helm, "install", "inferop", str(repo_root() / "charts" / "inferop"), "--namespace", namespace,
+               "--create-namespace", "-f", kube.env["INFEROP_CHART_VALUES"], "--wait", "--timeout", "120s"]  # fmt: skip
+    installed = subprocess.run(install, capture_output=True, text=True, check=False, timeout=150)
+    try:
+        assert installed.returncode == 0, installed.stderr + kube.run("describe", "pods", "-n", namespace, check=False)
+        (operator,) = json.loads(kube.run("get", "pods", "-n", namespace, "-o", "json"))["items"]
+        (container,) = operator["status"]["containerStatuses"]
+        assert container["ready"] and container["image"].startswith("inferop.local/operator:")
+        manifest = one_cpu("tiny", exported_tiny, "conv_net")
+        kube.apply(manifest)
+        ready = kube.run("wait", "--for=condition=Ready", "infsvc/tiny", "--timeout=120s", check=False, timeout=130)
+        assert "condition met" in ready, kube.run("logs", "-n", namespace, "deploy/inferop", check=False)
+    finally:
+        kube.run("delete", "infsvc", "--all", "--wait=true", check=False)
+        subprocess.run([*helm, "uninstall", "inferop", "--namespace", namespace, "--wait"], capture_output=True)
 
 
 def answers(url: str, boards: np.ndarray) -> dict[str, np.ndarray]:

@@ -43,7 +43,7 @@ from inferop_devtools.cluster.tools import built
 log = logging.getLogger(__name__)
 
 ADDONS_SCRIPT = "kube-addons.sh"
-ADDONS = ("kwok", "prometheus-adapter", "cadvisor")
+ADDONS = ("kwok", "prometheus-adapter", "cadvisor", "coredns")
 KWOK_DIR = repo_root() / "scripts" / "kwok"
 # The stages kwok plays (it ships none without kwokctl): nodes Ready, pods Running and Ready, crash loops.
 KWOK_STAGES = ("node.yaml", "pod.yaml", "pod-crashloop.yaml")

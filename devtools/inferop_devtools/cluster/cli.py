@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from inferop_devtools.cluster.addons import addon_binaries
 from inferop_devtools.cluster.controlplane import (
     KUBERNETES_1_37,
     KUBERNETES_RELEASES,
@@ -98,7 +99,7 @@ def _up(cluster: ControlPlane, node: Node, with_node: bool, timeout: float) -> i
         cluster.down()
         node.down()
         files = built(NODE_SCRIPT, "the node's packages and files", build=True)
-        node = Node(cluster.layout, kube_binaries(release=cluster.release), files)
+        node = Node(cluster.layout, kube_binaries(release=cluster.release), addon_binaries(build=True), files)
         node.link_up()
         mark = time.monotonic()
         kubeconfig = cluster.up(timeout=timeout)

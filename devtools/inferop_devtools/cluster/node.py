@@ -70,7 +70,14 @@ CONTAINERD = Path("/usr/bin/containerd")
 CTR = Path("/usr/bin/ctr")
 CNI_BIN_DIR = Path("/usr/lib/cni")
 CGROUP_MOUNTS = Path("/sys/fs/cgroup")
-DAEMONS = ("containerd", "kubelet", "kube-proxy")
+DAEMONS = ("containerd", "kubelet", "kube-proxy", "coredns")
+CLUSTER_DOMAIN = "cluster.local"
+# CoreDNS's user, and what kubeadm's system:coredns role lets it read.
+COREDNS_USER = "inferop:coredns"
+COREDNS_RULES = [
+    {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+]
 
 
 class NodeError(ClusterError):
@@ -268,7 +275,8 @@ def kubelet_config(site: NodeSite, layout: NodeLayout, control: Layout) -> dict[
         "failCgroupV1": False,
         "containerRuntimeEndpoint": f"unix://{layout.containerd_socket}",
         "resolvConf": "/etc/resolv.conf",
-        "clusterDomain": "cluster.local",
+        "clusterDomain": CLUSTER_DOMAIN,
+        "clusterDNS": [site.node_address],  # CoreDNS, on the node
         "failSwapOn": False,
         # The node shares this machine's disk: evict only when it is nearly full, not at the default 10-15% free.
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1Gi", "imagefs.available": "1Gi"},
@@ -295,7 +303,7 @@ def kube_proxy_config(site: NodeSite, layout: NodeLayout) -> dict[str, Any]:
     }
 
 
-def daemon_commands(site: NodeSite, layout: NodeLayout, kube_bin: Path) -> dict[str, list[str]]:
+def daemon_commands(site: NodeSite, layout: NodeLayout, kube_bin: Path, addon_bin: Path) -> dict[str, list[str]]:
     """The node's daemons' command lines, each run inside the node's namespaces."""
     return {
         "containerd": [str(CONTAINERD), f"--config={layout.config('containerd.toml')}"],
@@ -307,7 +315,46 @@ def daemon_commands(site: NodeSite, layout: NodeLayout, kube_bin: Path) -> dict[
             f"--node-ip={site.node_address}",
         ],
         "kube-proxy": [str(kube_bin / "kube-proxy"), f"--config={layout.config('kube-proxy.yaml')}"],
+        "coredns": [str(addon_bin / "coredns"), "-conf", str(layout.config("Corefile"))],
     }
+
+
+def corefile(site: NodeSite, layout: NodeLayout) -> str:
+    """CoreDNS's configuration: Service and Pod names of the cluster from the API server, answered on the node's
+    address (the kubelet's clusterDNS); no forwarding (these machines reach no outside resolver from the node)."""
+    return "\n".join(
+        [
+            ".:53 {",
+            f"    bind {site.node_address}",
+            "    errors",
+            "    health 127.0.0.1:8080",
+            "    ready 127.0.0.1:8181",
+            f"    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{",
+            f"        kubeconfig {layout.config('coredns.kubeconfig')}",
+            "        pods insecure",
+            "        fallthrough in-addr.arpa ip6.arpa",
+            "    }",
+            "    cache 30",
+            "    loadbalance",
+            "}",
+            "",
+        ]
+    )
+
+
+def coredns_access() -> list[dict[str, Any]]:
+    """The ClusterRole and binding that let CoreDNS's user read what it answers from."""
+    name = COREDNS_USER
+    rbac = "rbac.authorization.k8s.io/v1"
+    role = {"apiVersion": rbac, "kind": "ClusterRole", "metadata": {"name": name}, "rules": COREDNS_RULES}
+    binding = {
+        "apiVersion": rbac,
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": COREDNS_USER}],
+    }
+    return [role, binding]
 
 
 def holder_command(site: NodeSite, layout: NodeLayout) -> list[str]:
@@ -342,6 +389,7 @@ def node_extensions(site: NodeSite) -> str:
         f"[kubelet]\n{leaf}extendedKeyUsage = serverAuth\nsubjectAltName = IP:{site.node_address},DNS:{NODE_NAME}\n"
         f"[kubelet-client]\n{leaf}extendedKeyUsage = clientAuth\n"
         f"[kube-proxy]\n{leaf}extendedKeyUsage = clientAuth\n"
+        f"[coredns]\n{leaf}extendedKeyUsage = clientAuth\n"
     )
 
 
@@ -354,6 +402,7 @@ def node_certificates(pki: Path) -> list[list[str]]:
             pki, "kubelet-client", f"/O=system:nodes/CN=system:node:{NODE_NAME}", extensions=NODE_EXTENSIONS
         ),
         *signed_commands(pki, "kube-proxy", "/CN=system:kube-proxy", extensions=NODE_EXTENSIONS),
+        *signed_commands(pki, "coredns", f"/CN={COREDNS_USER}", extensions=NODE_EXTENSIONS),
     ]
 
 
@@ -388,11 +437,14 @@ class Node:
     every trace of it. Its link must exist before the apiserver binds the site's host address: `link_up` first,
     then the control plane, then `up`."""
 
-    def __init__(self, control: Layout, kube_bin: Path | None = None, files: Path | None = None) -> None:
+    def __init__(
+        self, control: Layout, kube_bin: Path | None = None, addon_bin: Path | None = None, files: Path | None = None
+    ) -> None:
         self.control = control
         self.layout = NodeLayout(control.root / "node")
         self.site = NodeSite.of(control.root)
         self.kube_bin = kube_bin
+        self.addon_bin = addon_bin
         self.files = files
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -465,8 +517,8 @@ class Node:
         """Start the node against the apiserver at `server` (its link made by `link_up`): containerd, the images,
         the kubelet and kube-proxy; returns once the node is Ready (as the admin's `kubeconfig_path` reads it),
         with the seconds each part took."""
-        if self.kube_bin is None or self.files is None:
-            raise NodeError("the node needs the kubelet's directory and scripts/kube-node.sh's files")
+        if self.kube_bin is None or self.addon_bin is None or self.files is None:
+            raise NodeError("the node needs the kubelet's and CoreDNS's directories and scripts/kube-node.sh's files")
         took: dict[str, float] = {}
         mark = time.monotonic()
 
@@ -483,7 +535,7 @@ class Node:
             self._make_cgroups()
             holder = self._start("holder", holder_command(self.site, self.layout), "sleep")
             self._wait(lambda: self._bound(holder.pid), "the node's mount namespace", deadline)
-            commands = daemon_commands(self.site, self.layout, self.kube_bin)
+            commands = daemon_commands(self.site, self.layout, self.kube_bin, self.addon_bin)
             self._start("containerd", *self._inside(holder.pid, commands["containerd"]))
             self._wait(self._containerd_answers, "containerd", deadline)
             part("containerd")
@@ -494,7 +546,8 @@ class Node:
             ]
             self._record_images(images.ensure(self.layout.containerd_socket, specs))
             part("images")
-            for name in ("kubelet", "kube-proxy"):
+            self._apply(kubeconfig_path, coredns_access())
+            for name in ("kubelet", "kube-proxy", "coredns"):
                 self._start(name, *self._inside(holder.pid, commands[name]))
             self._wait(lambda: self._ready(kubeconfig_path), f"node {NODE_NAME} Ready", deadline)
             part("kubelet")
@@ -524,11 +577,13 @@ class Node:
         for argv in node_certificates(control.pki):
             _run(argv, "the node's certificates")
         layout.config("containerd.toml").write_text(containerd_config(layout, sandbox_image))
+        layout.config("Corefile").write_text(corefile(self.site, layout))
         documents = {
             "kubelet.yaml": kubelet_config(self.site, layout, control),
             "kube-proxy.yaml": kube_proxy_config(self.site, layout),
             "kubelet.kubeconfig": kubeconfig(server, control, user="kubelet-client"),
             "kube-proxy.kubeconfig": kubeconfig(server, control, user="kube-proxy"),
+            "coredns.kubeconfig": kubeconfig(server, control, user="coredns"),
         }
         for name, document in documents.items():
             layout.config(name).write_text(yaml.safe_dump(document, sort_keys=False))
@@ -590,6 +645,16 @@ class Node:
             return False
         points = {line.split()[4] for line in mounts.splitlines()}
         return set(PRIVATE_PATHS) <= points and "sleep" in Path(f"/proc/{holder}/cmdline").read_text()
+
+    def _apply(self, kubeconfig_path: Path, documents: list[dict[str, Any]]) -> None:
+        """Server-side apply `documents` as the admin (what the node's own programs need to be allowed)."""
+        assert self.kube_bin is not None
+        listing = json.dumps({"apiVersion": "v1", "kind": "List", "items": documents})
+        argv = [str(self.kube_bin / "kubectl"), "--kubeconfig", str(kubeconfig_path), "apply", "--server-side",
+                "--field-manager=inferop-node", "-f", "-"]  # fmt: skip
+        result = subprocess.run(argv, input=listing, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise NodeError(f"applying the node's RBAC failed: {result.stderr.strip()[-600:]}")
 
     def _containerd_answers(self) -> bool:
         argv = [str(CTR), "--address", str(self.layout.containerd_socket), "version"]
