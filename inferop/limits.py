@@ -543,31 +543,7 @@ class PodCgroup:
         """SIGKILL whatever is left inside, wait until the pod is empty and remove its directories.
         Idempotent; raises LimitsError if processes or directories outlive `timeout`."""
         self._close_peak()
-        directories = [path for path in self.directories if path.is_dir()]
-        deadline = time.monotonic() + timeout
-        while left := _pids_in(directories):
-            for directory in directories:
-                kill = directory / "cgroup.kill"  # v2 since Linux 5.14: also catches processes forking now
-                if kill.exists():
-                    _write(kill, "1")
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                raise LimitsError(f"processes {sorted(left)} survive SIGKILL in cgroup {self.name}")
-            time.sleep(0.02)
-        for directory in directories:
-            while True:
-                try:
-                    directory.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as error:
-                    # The kernel lets go of a cgroup's last exited tasks asynchronously.
-                    if error.errno != errno.EBUSY or time.monotonic() > deadline:
-                        raise LimitsError(f"cannot remove cgroup {directory}: {error.strerror}") from None
-                    time.sleep(0.02)
+        remove_cgroups(list(self.directories), timeout, f"cgroup {self.name}")
         self.paths = {}
         self._procs = []
 
@@ -610,6 +586,43 @@ def _enable_controllers(cgroup: Path, controllers: list[str]) -> None:
         raise LimitsError(
             f"cannot enable the {', '.join(missing)} controllers in {control}: {error.strerror}{hint}"
         ) from None
+
+
+def remove_cgroups(roots: Iterable[Path], timeout: float, name: str) -> None:
+    """SIGKILL every process in the cgroups `roots` and the cgroups below them until none is left, then remove them
+    all, deepest first. Idempotent; raises LimitsError naming `name` if a process or a directory outlives
+    `timeout`."""
+    roots = [root for root in roots if root.is_dir()]
+    deadline = time.monotonic() + timeout
+
+    def tree() -> list[Path]:  # deepest first
+        found = {root for root in roots if root.is_dir()}
+        found |= {path for root in roots if root.is_dir() for path in root.rglob("*") if path.is_dir()}
+        return sorted(found, key=lambda path: len(path.parts), reverse=True)
+
+    while left := _pids_in(tree()):
+        for root in roots:
+            kill = root / "cgroup.kill"  # v2 since Linux 5.14: also catches processes forking now
+            if kill.exists():
+                _write(kill, "1")
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            raise LimitsError(f"processes {sorted(left)} survive SIGKILL in {name}")
+        time.sleep(0.02)
+    for directory in tree():
+        while True:
+            try:
+                directory.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError as error:
+                # The kernel lets go of a cgroup's last exited tasks asynchronously.
+                if error.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise LimitsError(f"cannot remove cgroup {directory}: {error.strerror}") from None
+                time.sleep(0.02)
 
 
 def _pids_in(directories: Iterable[Path]) -> set[int]:

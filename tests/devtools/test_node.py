@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from inferop.paths import repo_root
 from inferop.serving.localrepo import PYTHON_MODEL
@@ -341,6 +342,7 @@ def test_a_pod_over_its_memory_limit_is_oom_killed_by_the_kernel(kube: Cluster, 
 
 
 INFEROP = [sys.executable, "-m", "inferop_core.cli"]
+OPERATOR_IMAGE = "the node's operator image"  # a parameter's placeholder for the reference `up` made
 
 
 @pytest.fixture
@@ -420,6 +422,10 @@ def one_cpu(name: str, repo: ExportedRepo, model: str, changes: dict[str, Any] |
         # The image is the init container's too, which the kubelet starts first.
         ("conv_net", {"runtime": {"image": "inferop.local/no-such-image:1"}}, "ImagePullFailed",
          'container layout-model of pod bad-.* cannot pull image "inferop.local/no-such-image:1"'),
+        # An image without tritonserver (the operator's: its shell lays the model out, then `exec tritonserver`
+        # fails): the server's container exits at each start.
+        ("conv_net", {"runtime": {"image": OPERATOR_IMAGE}}, "CrashLoopBackOff",
+         "container triton of pod bad-.* keeps crashing .*exited with code 127"),
         # A manifest that understates Inception V3 (1 MiB of weights, a server of 1 MiB): the plan's limit holds
         # the estimate, the kernel kills the server that loads the real 91 MiB of weights.
         ("inception_v3", {"runtime": {"memoryOverhead": "1Mi"},
@@ -427,13 +433,16 @@ def one_cpu(name: str, repo: ExportedRepo, model: str, changes: dict[str, Any] |
          "OOMKilled", "container triton of pod bad-.* was OOM-killed at its memory limit of [0-9.]+Mi, above the "
          "memory model's estimate"),
     ],
-    ids=["missing-image", "memory-below-need"],
+    ids=["missing-image", "no-server-in-the-image", "memory-below-need"],
 )  # fmt: skip
 @pytest.mark.integration
 def test_the_kubelet_s_reasons_reach_the_status_with_the_fix(
     kube: Cluster, operator: Path, model_repo: ExportedRepo, model: str, changes: dict[str, Any], reason: str,
     said: str,
 ) -> None:  # fmt: skip
+    if changes.get("runtime", {}).get("image") == OPERATOR_IMAGE:
+        values = yaml.safe_load(Path(kube.env["INFEROP_CHART_VALUES"]).read_text())
+        changes = {"runtime": {"image": f"{values['image']['repository']}:{values['image']['tag']}"}}
     kube.apply(one_cpu("bad", model_repo, model, changes))
     try:
 

@@ -22,10 +22,8 @@ import contextlib
 import hashlib
 import ipaddress
 import json
-import logging
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from inferop.limits import LimitsError, remove_cgroups
 from inferop.paths import log_tail
 from inferop_devtools.cluster.controlplane import (
     ClusterError,
@@ -54,8 +53,6 @@ from inferop_devtools.cluster.local_images import (
     triton_image,
 )
 
-log = logging.getLogger(__name__)
-
 NODE_NAME = "inferop-node-0"
 CLUSTER_CIDR = "10.244.0.0/16"  # the pods' addresses; this node's share is POD_CIDR
 POD_CIDR = "10.244.0.0/24"
@@ -69,8 +66,9 @@ NODE_SCRIPT = "kube-node.sh"
 CONTAINERD = Path("/usr/bin/containerd")
 CTR = Path("/usr/bin/ctr")
 CNI_BIN_DIR = Path("/usr/lib/cni")
-CGROUP_MOUNTS = Path("/sys/fs/cgroup")
 DAEMONS = ("containerd", "kubelet", "kube-proxy", "coredns")
+# The cgroup v1 hierarchies the kubelet needs for pods' limits and accounting.
+REQUIRED_CONTROLLERS = frozenset({"cpu", "cpuacct", "cpuset", "memory", "pids"})
 CLUSTER_DOMAIN = "cluster.local"
 # CoreDNS's user, and what kubeadm's system:coredns role lets it read.
 COREDNS_USER = "inferop:coredns"
@@ -678,12 +676,20 @@ class Node:
 
     # -- down
 
-    def stop(self) -> None:
-        """Stop every process of the node and remove its cgroups; its link stays, for an apiserver that still
-        listens there (which, told to stop, first deletes its lease through that address)."""
-        self._kill_all()
-        for hierarchy in cgroup_hierarchies(unified=True):
-            _remove_cgroup_tree(hierarchy / self.site.cgroup_root)
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop every process of the node (the holder, the daemons, the shims, the pods: their mounts go with the
+        holder's mount namespace) and remove its cgroups; its link stays, for an apiserver that still listens there
+        (which, told to stop, first deletes its lease through that address)."""
+        roots = [hierarchy / self.site.cgroup_root for hierarchy in cgroup_hierarchies(unified=True)]
+        try:
+            remove_cgroups(roots, timeout, f"the node's cgroups ({self.site.cgroup_root})")
+        except LimitsError as error:
+            raise NodeError(str(error)) from None
+        for process in ((self.recorded() or {}).get("processes", {})).values():
+            stop_process(process["pid"], process["executable"])  # one outside the cgroups (it failed to join)
+        for child in self._children.values():
+            child.wait()
+        self._children.clear()
 
     def down(self, keep_logs: bool = False) -> None:
         """Stop the node and remove its namespaces and state (logs too, unless `keep_logs`); nothing to do when
@@ -704,42 +710,3 @@ class Node:
                 (self.layout.root / name).write_bytes(content)
         with contextlib.suppress(OSError):
             self.control.root.rmdir()  # the control plane's state dir, once nothing else lives there
-
-    def _kill_all(self, timeout: float = 20.0) -> None:
-        """SIGKILL every process in the node's cgroups (the holder, the daemons, the shims, the pods) until none is
-        left: their mounts go with the holder's mount namespace."""
-        tree = [hierarchy / self.site.cgroup_root for hierarchy in cgroup_hierarchies() if hierarchy.name == "pids"]
-        deadline = time.monotonic() + timeout
-        while pids := _pids_under(tree):
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                raise NodeError(f"processes of the node survive SIGKILL: {sorted(pids)}")
-            time.sleep(0.05)
-        for process in ((self.recorded() or {}).get("processes", {})).values():
-            stop_process(process["pid"], process["executable"])  # one outside the cgroups (it failed to join)
-        for child in self._children.values():
-            child.wait()
-        self._children.clear()
-
-
-REQUIRED_CONTROLLERS = frozenset({"cpu", "cpuacct", "cpuset", "memory", "pids"})
-
-
-def _pids_under(roots: Sequence[Path]) -> set[int]:
-    pids: set[int] = set()
-    for root in roots:
-        for procs in root.rglob("cgroup.procs") if root.exists() else ():
-            with contextlib.suppress(OSError):
-                pids.update(int(pid) for pid in procs.read_text().split())
-    return pids
-
-
-def _remove_cgroup_tree(root: Path) -> None:
-    """rmdir a cgroup and its children, deepest first (a cgroup's files go with its directory)."""
-    if not root.exists():
-        return
-    for directory in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-        directory.rmdir()
-    root.rmdir()
