@@ -5,9 +5,10 @@ GPU instances the CUDA provider's memory options.
 Runs inside Triton's python stub process; depends only on numpy, onnxruntime and Triton's utils.
 Instance count, max batch size, queue policy, timeouts and warm-up are enforced by Triton's core.
 
-Fault injection for drills and tests: while the file named by INFEROP_FAULT_STALL_FILE exists, every
-execution blocks, as a hung model does (and FILE.held is created, so a test knows one is held); removing
-the file lets the blocked executions finish. INFEROP_FAULT_SLOWDOWN=F (at least 1) makes every execution take F
+Fault injection for drills and tests: while the file named by INFEROP_FAULT_STALL_FILE exists, made after the model
+loaded, every execution blocks, as a hung model does (and FILE.held is created, so a test knows one is held);
+removing the file lets the blocked executions finish. The fault lives in the process, as a deadlock does: a server
+started after the file was made (a restarted container, whose /tmp kept it) runs normally. INFEROP_FAULT_SLOWDOWN=F (at least 1) makes every execution take F
 times as long, as a slower build of the same model would (the same answers, later). INFEROP_FAULT_FAIL_VALUE=V
 fails every execution whose inputs hold the value V somewhere, as a model that breaks on inputs it was never
 checked on: the whole batch fails, as an ONNX Runtime run does, and Triton counts each of its requests in
@@ -76,13 +77,20 @@ class TritonPythonModel:
         self.input_names = [spec["name"] for spec in config["input"]]
         self.output_names = [spec["name"] for spec in config["output"]]
         self.stall_file = os.environ.get("INFEROP_FAULT_STALL_FILE")
+        self.loaded_at = time.time()
         self.slowdown = max(float(os.environ.get("INFEROP_FAULT_SLOWDOWN", "1")), 1.0)
         fail_value = os.environ.get("INFEROP_FAULT_FAIL_VALUE")
         self.fail_value = None if fail_value is None else float(fail_value)
 
+    def _stall_armed(self):
+        try:
+            return os.stat(self.stall_file).st_mtime >= self.loaded_at
+        except FileNotFoundError:
+            return False
+
     def execute(self, requests):
         """One ONNX Runtime run for every request the dynamic batcher grouped, split back per request."""
-        if self.stall_file and os.path.exists(self.stall_file):
+        if self.stall_file and self._stall_armed():
             open(self.stall_file + ".held", "w").close()
             while os.path.exists(self.stall_file):
                 time.sleep(0.05)

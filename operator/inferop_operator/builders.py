@@ -30,7 +30,7 @@ from inferop_operator.identity import (
 )
 from inferop_operator.plan import Plan
 from inferop_operator.rollout import RolloutStatus, Traffic, canary_replicas, replica_split
-from inferop_operator.spec import GatewayRef, InferenceServiceSpec, Model, ObjectStorage
+from inferop_operator.spec import THREAD_ENV, GatewayRef, InferenceServiceSpec, Model, ObjectStorage
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 MODEL_REPOSITORY = "/models"
@@ -56,7 +56,6 @@ STARTUP_PROBE_PERIOD = 5
 ADMIN_HEADER = "inferop-admin"
 RESTRICTED_APIS = "model-repository,shared-memory"
 TOKEN_BYTES = 16  # 128 random bits, 32 hex digits
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 @dataclass(frozen=True)
@@ -412,7 +411,7 @@ def build_deployment(service: Service) -> dict[str, Any]:
         "image": service.image,
         "command": triton_command(service),
         "args": triton_args(service),
-        "env": thread_env(service),
+        "env": [*thread_env(service), *(variable.model_dump() for variable in spec.runtime.env)],
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},

@@ -33,6 +33,9 @@ from inferop_core.tritonconfig import (
 OBJECT_STORAGE_SCHEMES = OBJECT_SCHEMES
 STORAGE_SCHEMES = ("pvc", "hostpath", "oci", *OBJECT_STORAGE_SCHEMES)
 GPU_RESOURCE = "nvidia.com/gpu"
+# The math libraries' thread counts: the container gets the plan's intra-op count in each, never the user's.
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 MAX_NAME_LENGTH = 253  # a Kubernetes object name (a DNS subdomain), such as a PersistentVolumeClaim's
 # An image reference as container runtimes parse it: [registry[:port]/]path[:tag][@sha256:digest], the path in
 # lowercase (github.com/distribution/reference).
@@ -306,6 +309,13 @@ class Model(Section):
         return 2 * self.profile.weight_bytes + 64 * 2**20
 
 
+class EnvVar(Section):
+    """One environment variable of the serving container."""
+
+    name: str = Field(max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name.")
+    value: str = Field(default="", max_length=32768, description="Its value.")
+
+
 class Runtime(Section):
     """The serving container."""
 
@@ -331,6 +341,29 @@ class Runtime(Section):
             "under overload. Use normal for an image without chrt."
         ),
     )
+
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "Environment variables of the Triton container, set after the operator's own. The thread counts "
+            f"({', '.join(THREAD_ENV)}) come from spec.threads and cannot be set here."
+        ),
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: list[EnvVar]) -> list[EnvVar]:
+        seen: set[str] = set()
+        for index, variable in enumerate(value):
+            if variable.name in THREAD_ENV:
+                raise ValueError(
+                    f"env[{index}].name {variable.name} is derived from spec.threads.intraOp; set that instead"
+                )
+            if variable.name in seen:
+                raise ValueError(f"env[{index}].name {variable.name} is given twice")
+            seen.add(variable.name)
+        return value
 
     @field_validator("memory_overhead")
     @classmethod

@@ -157,6 +157,12 @@ class TestDeployment:
         env = {e["name"]: e["value"] for e in triton_container(build_deployment(service))["env"]}
         assert {name: env[name] for name in THREAD_ENV} == dict.fromkeys(THREAD_ENV, str(service.plan.threads.intra_op))
 
+    def test_the_user_s_environment_follows_the_operator_s(self) -> None:
+        service = make_service(raw_spec(runtime={"env": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]}))
+        env = triton_container(build_deployment(service))["env"]
+        assert [e["name"] for e in env] == [*THREAD_ENV, "HTTPS_PROXY"]
+        assert env[-1] == {"name": "HTTPS_PROXY", "value": "http://proxy:3128"}
+
     @pytest.mark.parametrize(
         ("raw", "threads"),
         [

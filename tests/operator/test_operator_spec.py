@@ -183,6 +183,21 @@ class TestErrors:
         message = spec_error(raw_spec(runtime={"cpuScheduling": "fifo"}))
         assert message == "spec.runtime.cpuScheduling: Input should be 'batch' or 'normal'"
 
+    @pytest.mark.parametrize(
+        ("env", "said"),
+        [
+            ([{"name": "A", "value": "1"}, {"name": "OMP_NUM_THREADS", "value": "8"}],
+             "spec.runtime.env: env[1].name OMP_NUM_THREADS is derived from spec.threads.intraOp; set that instead"),
+            ([{"name": "A"}, {"name": "A", "value": "2"}], "spec.runtime.env: env[1].name A is given twice"),
+            ([{"name": "1A"}], "spec.runtime.env.0.name: String should match pattern"),
+            ([{"name": "A", "value": 1}], "spec.runtime.env.0.value: Input should be a valid string"),
+        ],
+    )  # fmt: skip
+    def test_environment_variables_are_named_once_and_leave_the_derived_ones(
+        self, env: list[dict[str, Any]], said: str
+    ) -> None:
+        assert spec_error(raw_spec(runtime={"env": env})).startswith(said)
+
     def test_metric_lists_the_allowed_values(self) -> None:
         message = spec_error(raw_spec(autoscaling={"maxReplicas": 3, "metric": "gpuUtilisation", "target": 50}))
         assert message == "spec.autoscaling.metric: Input should be 'cpu', 'queueTime' or 'pendingRequests'"
