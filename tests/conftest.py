@@ -20,7 +20,7 @@ from tests.helpers import (
     TINY,
     ExportedRepo,
     RunningServer,
-    inferop_with_credentials,
+    push_tiny,
 )
 
 # Figures a test measured on the way (e.g. how long a scale took), printed at the end of the run: a print would go
@@ -124,13 +124,4 @@ def exported_tiny(tmp_path_factory: pytest.TempPathFactory) -> ExportedRepo:
 
 @pytest.fixture(scope="session")
 def pushed(s3: Any, exported_tiny: ExportedRepo) -> str:
-    """The tiny conv net pushed by `inferop push` as s3://MODEL_BUCKET/repo/conv_net, with the credentials in the
-    pushing process's environment only; the repository's URI."""
-    uri = f"s3://{MODEL_BUCKET}/repo"
-    result = inferop_with_credentials(
-        s3, "push", str(exported_tiny.path), uri, "--endpoint", s3.url, "--addressing", "path"
-    )
-    assert result.returncode == 0, result.stderr
-    assert f"{uri}/conv_net/1/model.onnx" in result.stdout.splitlines()
-    assert s3.secret_key not in result.stdout + result.stderr
-    return uri
+    return push_tiny(s3, exported_tiny)

@@ -120,3 +120,16 @@ def inferop_with_credentials(s3: Any, *args: str, timeout: float = 60) -> subpro
         timeout=timeout,
         check=False,
     )
+
+
+def push_tiny(s3: Any, exported_tiny: ExportedRepo) -> str:
+    """The tiny conv net pushed by `inferop push` as s3://MODEL_BUCKET/repo/conv_net, with the credentials in the
+    pushing process's environment only; the repository's URI."""
+    uri = f"s3://{MODEL_BUCKET}/repo"
+    result = inferop_with_credentials(
+        s3, "push", str(exported_tiny.path), uri, "--endpoint", s3.url, "--addressing", "path"
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"{uri}/conv_net/1/model.onnx" in result.stdout.splitlines()
+    assert s3.secret_key not in result.stdout + result.stderr
+    return uri

@@ -29,12 +29,13 @@ def versitygw(build: bool = False) -> Path:
 
 
 class S3Server:
-    """versitygw's posix backend on 127.0.0.1; `root` is the folder that holds the buckets. Use as a context
-    manager, or `start()` / `stop()`; the folder and the log are removed on stop. A server that exits or never
-    answers raises ClusterError with its log's tail."""
+    """versitygw's posix backend on `address` (127.0.0.1, or an address pods reach); `root` is the folder that holds
+    the buckets. Use as a context manager, or `start()` / `stop()`; the folder and the log are removed on stop. A
+    server that exits or never answers raises ClusterError with its log's tail."""
 
-    def __init__(self, region: str = "us-east-1") -> None:
+    def __init__(self, region: str = "us-east-1", address: str = "127.0.0.1") -> None:
         self.region = region
+        self.address = address
         self.access_key = f"inferop{secrets.token_hex(4)}"
         self.secret_key = secrets.token_hex(16)
         self.port = 0
@@ -43,7 +44,7 @@ class S3Server:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}:{self.port}"
 
     @property
     def root(self) -> Path:
@@ -60,7 +61,7 @@ class S3Server:
 
     def client(self) -> Minio:
         return Minio(
-            f"127.0.0.1:{self.port}",
+            f"{self.address}:{self.port}",
             access_key=self.access_key,
             secret_key=self.secret_key,
             secure=False,
@@ -78,7 +79,7 @@ class S3Server:
         self.port = self.port or free_ports(1)[0]
         argv = [
             str(binary),
-            "--port", f"127.0.0.1:{self.port}",
+            "--port", f"{self.address}:{self.port}",
             "--access", self.access_key,
             "--secret", self.secret_key,
             "--region", self.region,

@@ -346,7 +346,7 @@ def cli(*args: str, bin_dir: Path) -> subprocess.CompletedProcess[str]:
 def test_cli_up_is_idempotent_and_down_leaves_no_process(
     release: KubernetesRelease, bin_dir: Path, tmp_path: Path
 ) -> None:
-    """`up` gives a cluster with a real node (tests/devtools/test_node.py runs pods on it) on a release with a
+    """`up` gives a cluster with a real node (tests/node/ runs pods on it) on a release with a
     scheduler, and says that pods stay Pending on one without; a second `up` finds it running; `down` stops
     everything it started."""
     state_dir = tmp_path / "cluster"

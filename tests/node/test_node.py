@@ -14,7 +14,8 @@ import sys
 import tarfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,30 +26,26 @@ import yaml
 from inferop.paths import repo_root
 from inferop.serving.localrepo import PYTHON_MODEL
 from inferop_devtools.cluster import tools
-from inferop_devtools.cluster.controlplane import KUBERNETES_1_37, ClusterError, Layout, kube_binaries
+from inferop_devtools.cluster.controlplane import Layout
 from inferop_devtools.cluster.images import ImageError, Images, ImageSpec, archive_reference, write_archive
-from inferop_devtools.cluster.local_images import busybox_image, images_cache, operator_image, triton_image
+from inferop_devtools.cluster.local_images import operator_image, triton_image
 from inferop_devtools.cluster.node import (
-    CTR,
     LINKS,
     NODE_NAME,
-    NODE_SCRIPT,
     POD_CIDR,
     Node,
     NodeLayout,
     NodeSite,
-    cgroup_hierarchies,
     cni_network,
     containerd_config,
     holder_command,
     kubelet_config,
     network_commands,
 )
-from inferop_devtools.cluster.tools import built
-from inferop_export.manifest import build_manifest
-from inferop_operator.plan import memory_limit, plan_service
-from inferop_operator.spec import Threads, parse_spec
 from tests.helpers import ExportedRepo, serving, wait_for
+from tests.node.helpers import INFEROP, Cluster, cli, one_cpu, traces
+
+OPERATOR_IMAGE = "the node's operator image"  # a parameter's placeholder for the reference `up` made
 
 SITE = NodeSite.of(Path("/state"))
 
@@ -174,94 +171,6 @@ class TestNodeBuilders:
 # ------------------------------------------------------------------------------------------- a real node
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "inferop_core.cli", "cluster", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
-
-
-def traces(state_dir: Path) -> dict[str, Any]:
-    """What a node of `state_dir` may leave on this machine: processes in its cgroups, its cgroups, its network
-    namespace and link, mounts of its state dir, the host's iptables rules."""
-    site = NodeSite.of(state_dir)
-    roots = [hierarchy / site.cgroup_root for hierarchy in cgroup_hierarchies(unified=True)]
-    mounts = Path("/proc/self/mountinfo").read_text()
-    rules = subprocess.run(["iptables-save"], capture_output=True, text=True, check=False).stdout
-    return {
-        "cgroups": [str(root) for root in roots if root.exists()],
-        "netns": (Path("/run/netns") / site.netns).exists(),
-        "link": (Path("/sys/class/net") / site.host_link).exists(),
-        "mounts": [line for line in mounts.splitlines() if str(state_dir) in line],
-        "iptables": [line for line in rules.splitlines() if not line.startswith("#")],
-        "host paths": [p for p in ("/run/containerd", "/var/lib/kubelet", "/var/log/pods") if Path(p).exists()],
-    }
-
-
-class Cluster:
-    """A cluster that `inferop cluster up` started in `state_dir`, and kubectl against it, with the environment
-    `eval "$(inferop cluster up)"` gives (`exports`, the lines `up` printed)."""
-
-    def __init__(self, state_dir: Path, exports: str) -> None:
-        self.state_dir = state_dir
-        self.kubectl = str(kube_binaries(build=False, release=KUBERNETES_1_37) / "kubectl")
-        variables = dict(line.removeprefix("export ").split("=", 1) for line in exports.splitlines())
-        self.env = {**os.environ, **variables}
-
-    def run(self, *args: str, check: bool = True, timeout: float = 60) -> str:
-        result = subprocess.run(
-            [self.kubectl, *args], capture_output=True, text=True, env=self.env, timeout=timeout, check=False
-        )
-        if check and result.returncode != 0:
-            pytest.fail(f"kubectl {' '.join(args)}: {result.stderr}")
-        return result.stdout + result.stderr
-
-    def apply(self, *documents: dict[str, Any]) -> None:
-        subprocess.run(
-            [self.kubectl, "apply", "-f", "-"],
-            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(documents)}),
-            text=True,
-            env=self.env,
-            check=True,
-            capture_output=True,
-        )
-
-    def pod(self, name: str) -> dict[str, Any]:
-        found: dict[str, Any] = json.loads(self.run("get", "pod", name, "-o", "json"))
-        return found
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, str, dict[str, Any]]]:
-    """`inferop cluster up` with a real node, busybox imported into its containerd; the host's traces before."""
-    try:
-        kube_binaries(build=False, release=KUBERNETES_1_37)
-        files = built(NODE_SCRIPT, "the node's packages and files")
-    except ClusterError as missing:  # make tools provides both before make test
-        pytest.fail(str(missing))
-    state_dir = tmp_path_factory.mktemp("node") / "cluster"
-    before = traces(state_dir)
-    up = cli("up", "--state-dir", str(state_dir))
-    try:
-        assert up.returncode == 0, up.stderr
-        node = Node(Layout(state_dir))
-        busybox = Images(images_cache(), str(CTR)).ensure(node.layout.containerd_socket, [busybox_image(files)])
-        yield Cluster(state_dir, up.stdout), busybox["busybox"], before
-    finally:
-        cli("down", "--state-dir", str(state_dir))
-
-
-@pytest.fixture
-def busybox(cluster: tuple[Cluster, str, dict[str, Any]]) -> str:
-    return cluster[1]
-
-
-@pytest.fixture
-def kube(cluster: tuple[Cluster, str, dict[str, Any]]) -> Iterator[Cluster]:
-    """The cluster, its `default` namespace emptied of the test's pods and services afterwards: a pod left
-    behind holds CPU that the next test's pods may need."""
-    yield cluster[0]
-    cluster[0].run("delete", "pods,services", "--field-selector=metadata.name!=kubernetes")
-
-
 def busybox_pod(name: str, image: str, script: str, memory: str = "64Mi", **labels: str) -> dict[str, Any]:
     container = {
         "name": "main",
@@ -341,23 +250,6 @@ def test_a_pod_over_its_memory_limit_is_oom_killed_by_the_kernel(kube: Cluster, 
     assert terminated["reason"] == "OOMKilled", terminated
 
 
-INFEROP = [sys.executable, "-m", "inferop_core.cli"]
-OPERATOR_IMAGE = "the node's operator image"  # a parameter's placeholder for the reference `up` made
-
-
-@pytest.fixture
-def operator(kube: Cluster, tmp_path: Path) -> Iterator[Path]:
-    """The README's operator, for one test (the chart's test runs its own): the CRD applied, `inferop operator` in
-    the background with `up`'s environment (the local Triton image its default); its log's path."""
-    kube.run("apply", "-f", str(repo_root() / "charts" / "inferop" / "crds"))
-    log_path = tmp_path / "operator.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen([*INFEROP, "operator"], env=kube.env, stdout=log, stderr=subprocess.STDOUT)
-    yield log_path
-    process.terminate()
-    process.wait(timeout=30)
-
-
 @pytest.mark.integration
 def test_an_exported_model_serves_on_the_node_as_the_operator_renders_it(
     kube: Cluster, operator: Path, tmp_path: Path, measured: Callable[[str], None]
@@ -397,23 +289,6 @@ def test_an_exported_model_serves_on_the_node_as_the_operator_renders_it(
             np.testing.assert_allclose(on_the_node[name], locally[name], rtol=1e-6, atol=1e-7)
     finally:
         kube.run("delete", "-f", str(manifest), "--wait=true", check=False)
-
-
-def one_cpu(name: str, repo: ExportedRepo, model: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`model` of `repo` as an InferenceService at one thread and one CPU (a 2-CPU node holds it beside the
-    operator's pod), with `changes` to its spec's sections, its memory limit the plan's for them."""
-    spec = repo.reports[model].spec.model_copy(update={"threads": Threads(intra_op=1, inter_op=1)})
-    manifest = build_manifest(spec, name, "1")
-    manifest["spec"]["model"]["storageUri"] = f"hostpath://{repo.path / model}"
-    for section, fields in (changes or {}).items():
-        place = manifest["spec"]
-        for key in section.split("."):
-            place = place.setdefault(key, {})
-        place.update(fields)
-    planned = plan_service(parse_spec(manifest["spec"])).memory.required_bytes
-    manifest["spec"]["resources"]["requests"]["memory"] = memory_limit(planned)
-    manifest["spec"]["resources"]["limits"]["memory"] = memory_limit(planned)
-    return manifest
 
 
 @pytest.mark.parametrize(
@@ -483,6 +358,70 @@ def test_helm_install_runs_the_operator_as_a_pod_that_serves_a_model(
     finally:
         kube.run("delete", "infsvc", "--all", "--wait=true", check=False)
         subprocess.run([*helm, "uninstall", "inferop", "--namespace", namespace, "--wait"], capture_output=True)
+
+
+# Callers of a pod, run in the node's network namespace (pod addresses are routed there only): an open loop at
+# RATE requests/s for SECONDS, each waiting at most TIMEOUT; prints when it began and every outcome.
+CALLERS = """
+import json, sys
+import numpy as np
+from inferop.openloop import run_open_loop
+url, model, dims, rate, seconds, timeout = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), *map(float, sys.argv[4:])
+board = np.zeros((1, *dims), dtype=np.float32)
+result = run_open_loop(url, model, board, rate, seconds, timeout=timeout, drain=timeout)
+print(json.dumps({"started_at": result.started_at,
+                  "outcomes": [[o.sent_at, o.finished_at, o.kind] for o in result.outcomes]}))
+"""
+
+
+@pytest.mark.integration
+def test_a_stalled_model_is_restarted_by_the_kubelet_running_the_rendered_probe(
+    kube: Cluster, operator: Path, model_repo: ExportedRepo, measured: Callable[[str], None]
+) -> None:
+    """The hang drill's fault on a real pod: every execution blocks from a moment on (the fault lives in the
+    process, as a deadlock does). The kubelet runs the operator's exec probe, restarts the container, and callers
+    get answers again with nobody acting."""
+    stall_file = "/tmp/inferop-stall"  # the pod's /tmp, an emptyDir: the restarted server sees it too, and serves
+    changes = {"runtime": {"env": [{"name": "INFEROP_FAULT_STALL_FILE", "value": stall_file}]},
+               "timeouts": {"requestSeconds": 2}}  # fmt: skip
+    manifest = one_cpu("stall", model_repo, "conv_net", changes)
+    kube.apply(manifest)
+    try:
+        ready = kube.run("wait", "--for=condition=Ready", "infsvc/stall", "--timeout=120s", check=False, timeout=130)
+        assert "condition met" in ready, kube.run("describe", "infsvc,pods", check=False)
+        (pod,) = json.loads(kube.run("get", "pods", "-l", "app.kubernetes.io/instance=stall", "-o", "json"))["items"]
+        name, address = pod["metadata"]["name"], pod["status"]["podIP"]
+        dims = manifest["spec"]["model"]["inputs"][0]["dims"]
+        callers = subprocess.Popen(
+            kube.netns_command(sys.executable, "-c", CALLERS,
+                               f"{address}:8000", "conv_net", json.dumps(dims), "10", "60", "5"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(8)  # healthy traffic first, as in the hang drill
+        kube.run("exec", name, "-c", "triton", "--", "touch", stall_file)
+        stalled_at = time.monotonic()
+        out, err = callers.communicate(timeout=120)
+        assert callers.returncode == 0, err
+        run = json.loads(out)
+        container = kube.pod(name)["status"]["containerStatuses"][0]
+        events = kube.run("get", "events", "--field-selector", f"involvedObject.name={name}")
+    finally:
+        kube.run("delete", "infsvc", "stall", "--wait=true", check=False)
+    assert container["restartCount"] >= 1, container
+    assert "Liveness probe failed" in events and "failed liveness probe, will be restarted" in events, events
+    outcomes = [
+        (run["started_at"] + sent, run["started_at"] + finished, kind) for sent, finished, kind in run["outcomes"]
+    ]
+    failed = [finished for sent, finished, kind in outcomes if kind != "ok" and sent >= stalled_at]
+    assert failed, "the stall failed no call"
+    last = max(sent for sent, _, _ in outcomes)
+    tail = [kind for sent, _, kind in outcomes if sent > last - 10]
+    assert tail and set(tail) == {"ok"}, f"the last 10 s of calls: {Counter(tail)}"
+    first_good = min(finished for _, finished, kind in outcomes if kind == "ok" and finished > min(failed))
+    measured(
+        f"stalled conv net: restarted {container['restartCount']} time(s) by the kubelet, first good answer "
+        f"{first_good - stalled_at:.1f} s after the stall, {Counter(kind for _, _, kind in outcomes)}"
+    )
 
 
 def answers(url: str, boards: np.ndarray) -> dict[str, np.ndarray]:

@@ -2,8 +2,9 @@
 
 On the current release `up` starts one real node beside the control plane (inferop_devtools.cluster.node):
 containerd, runc, the CNI plugins, the kubelet and kube-proxy, in namespaces of their own, with the local Triton image
-imported, so an applied InferenceService runs and answers. Only `up`'s `export` lines go to stdout (KUBECONFIG, and
-INFEROP_TRITON_IMAGE for an operator run from the same shell); progress and errors go to stderr.
+imported, so an applied InferenceService runs and answers. Only `up`'s `export` lines go to stdout (KUBECONFIG;
+INFEROP_TRITON_IMAGE and INFEROP_FETCH_IMAGE for an operator run from the same shell; INFEROP_CHART_VALUES for
+helm); progress and errors go to stderr.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-from inferop_devtools.cluster.addons import addon_binaries
 from inferop_devtools.cluster.controlplane import (
     KUBERNETES_1_37,
     KUBERNETES_RELEASES,
@@ -23,11 +23,9 @@ from inferop_devtools.cluster.controlplane import (
     ClusterError,
     ControlPlane,
     default_state_dir,
-    kube_binaries,
     process_running,
 )
-from inferop_devtools.cluster.node import NODE_NAME, NODE_SCRIPT, Node, NodeSite
-from inferop_devtools.cluster.tools import built
+from inferop_devtools.cluster.node import NODE_NAME, Node, NodeSite, start_with_node, stop_with_node
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,9 +74,7 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "up":
             return _up(cluster, node, with_node, args.timeout)
         if args.action == "down":
-            node.stop()
-            cluster.down(timeout=min(args.timeout, 10.0))
-            node.down()
+            stop_with_node(cluster, timeout=min(args.timeout, 10.0))
             print(f"control plane and node down ({cluster.layout.root} cleaned)", file=sys.stderr)
             return 0
         return _print_status(cluster, node)
@@ -92,19 +88,8 @@ def _up(cluster: ControlPlane, node: Node, with_node: bool, timeout: float) -> i
     of either starts both anew) and print the export line."""
     cluster.refuse_another_release()
     started = time.monotonic()
-    took: dict[str, float] = {}
     if with_node and not (cluster.healthy() and node.running()):
-        Node.check_host()  # before anything stops or starts
-        node.stop()
-        cluster.down()
-        node.down()
-        files = built(NODE_SCRIPT, "the node's packages and files", build=True)
-        node = Node(cluster.layout, kube_binaries(release=cluster.release), addon_binaries(build=True), files)
-        node.link_up()
-        mark = time.monotonic()
-        kubeconfig = cluster.up(timeout=timeout)
-        took["control plane"] = round(time.monotonic() - mark, 1)
-        took |= node.up((cluster.state() or {})["server"], kubeconfig, timeout=max(timeout, 120.0))
+        node, kubeconfig, took = start_with_node(cluster, timeout)
         parts = ", ".join(f"{part} {seconds:g} s" for part, seconds in took.items())
         print(f"node {NODE_NAME} Ready in {time.monotonic() - started:.1f} s ({parts})", file=sys.stderr)
     else:
@@ -114,8 +99,11 @@ def _up(cluster: ControlPlane, node: Node, with_node: bool, timeout: float) -> i
         if not with_node:
             print("no node: pods stay Pending", file=sys.stderr)
     print(f"export KUBECONFIG={shlex.quote(str(kubeconfig))}")
-    if triton := node.images().get("triton"):  # the operator's default for services that name no image
+    images = node.images()
+    if triton := images.get("triton"):  # the operator's default for services that name no image
         print(f"export INFEROP_TRITON_IMAGE={shlex.quote(triton)}")
+        # the image whose `inferop fetch` brings a model from object storage into its pod: the operator's own
+        print(f"export INFEROP_FETCH_IMAGE={shlex.quote(images['operator'])}")
         # `helm install ... -f "$INFEROP_CHART_VALUES"`: the chart with the node's own operator and Triton images
         print(f"export INFEROP_CHART_VALUES={shlex.quote(str(node.layout.chart_values))}")
     return 0

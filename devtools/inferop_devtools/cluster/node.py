@@ -35,9 +35,12 @@ import yaml
 
 from inferop.limits import LimitsError, remove_cgroups
 from inferop.paths import log_tail
+from inferop_devtools.cluster.addons import addon_binaries
 from inferop_devtools.cluster.controlplane import (
     ClusterError,
+    ControlPlane,
     Layout,
+    kube_binaries,
     kubeconfig,
     process_running,
     signed_commands,
@@ -52,6 +55,7 @@ from inferop_devtools.cluster.local_images import (
     pause_image,
     triton_image,
 )
+from inferop_devtools.cluster.tools import built
 
 NODE_NAME = "inferop-node-0"
 CLUSTER_CIDR = "10.244.0.0/16"  # the pods' addresses; this node's share is POD_CIDR
@@ -710,3 +714,33 @@ class Node:
                 (self.layout.root / name).write_bytes(content)
         with contextlib.suppress(OSError):
             self.control.root.rmdir()  # the control plane's state dir, once nothing else lives there
+
+
+def start_with_node(cluster: ControlPlane, timeout: float = 60.0) -> tuple[Node, Path, dict[str, float]]:
+    """Start `cluster` (a control plane at its node site's host address) and its node, both anew: the node, its
+    kubeconfig and the seconds each part took. A failure leaves neither running, the node's logs kept."""
+    Node.check_host()  # before anything stops or starts
+    stop_with_node(cluster)
+    files = built(NODE_SCRIPT, "the node's packages and files", build=True)
+    node = Node(cluster.layout, kube_binaries(release=cluster.release), addon_binaries(build=True), files)
+    try:
+        node.link_up()
+        mark = time.monotonic()
+        kubeconfig_path = cluster.up(timeout=timeout)
+        took = {"control plane": round(time.monotonic() - mark, 1)}
+        took |= node.up((cluster.state() or {})["server"], kubeconfig_path, timeout=max(timeout, 120.0))
+    except BaseException:
+        node.stop()
+        cluster.down()
+        node.down(keep_logs=True)
+        raise
+    return node, kubeconfig_path, took
+
+
+def stop_with_node(cluster: ControlPlane, timeout: float = 10.0) -> None:
+    """Stop the node of `cluster`, then its control plane, then remove the node's namespaces and state; in that
+    order, so the apiserver still reaches its address while it stops."""
+    node = Node(cluster.layout)
+    node.stop()
+    cluster.down(timeout=timeout)
+    node.down()

@@ -20,6 +20,7 @@ from inferop_devtools.choices import add_subset_option
 from inferop_devtools.drills.badspecs import format_bad_specs, run_bad_specs
 from inferop_devtools.drills.fleet import format_fleet, run_fleet
 from inferop_devtools.drills.kills import format_operator_kills, run_operator_kills
+from inferop_devtools.drills.node import format_cpu_share, run_cpu_share
 from inferop_devtools.drills.restart import format_apiserver_restart, run_apiserver_restart
 from inferop_devtools.drills.rollout import format_rollout, run_rollout_drill
 
@@ -74,6 +75,7 @@ DRILLS: dict[str, tuple[Callable[[Path, bool], dict[str, Any]], Callable[[dict[s
         format_fleet,
     ),
     "rollout": (run_rollout_drill, format_rollout),
+    "node": (run_cpu_share, format_cpu_share),
 }
 
 

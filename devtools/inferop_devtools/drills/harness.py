@@ -18,7 +18,15 @@ from typing import Any
 import yaml
 
 from inferop.paths import repo_root
-from inferop_devtools.cluster.controlplane import KUBERNETES_1_20, ControlPlane, KubernetesRelease, free_ports, http_get
+from inferop_devtools.cluster.controlplane import (
+    KUBERNETES_1_20,
+    KUBERNETES_1_37,
+    ControlPlane,
+    KubernetesRelease,
+    free_ports,
+    http_get,
+)
+from inferop_devtools.cluster.node import Node, NodeSite, start_with_node, stop_with_node
 from inferop_devtools.cluster.tools import kube_tools, wait_established
 from inferop_operator.identity import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, VERSION
 
@@ -43,34 +51,50 @@ def service(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 class DrillCluster:
-    """A fresh control plane in `root` with the CRD established; `api` is a Kubernetes API client."""
+    """A fresh control plane in `root` with the CRD established; `api` is a Kubernetes API client. With `node`, the
+    current release and a real node beside it (`inferop cluster up`'s), the operator's default image its Triton."""
 
-    def __init__(self, root: Path, release: KubernetesRelease = KUBERNETES_1_20):
+    def __init__(self, root: Path, release: KubernetesRelease = KUBERNETES_1_20, node: bool = False):
         self.root = root
-        self.plane = ControlPlane(root / "cluster", release=release)
+        state_dir = root / "cluster"
+        if node:
+            self.plane = ControlPlane(state_dir, release=KUBERNETES_1_37, address=NodeSite.of(state_dir).host_address)
+        else:
+            self.plane = ControlPlane(state_dir, release=release)
+        self.with_node = node
+        self.node: Node | None = None
         self.tools = kube_tools()
         self.api: Any = None
 
     def __enter__(self) -> DrillCluster:
         from kubernetes import config
 
-        self.plane.up(timeout=120)
+        if self.with_node:
+            self.node, _, _ = start_with_node(self.plane, timeout=120)
+        else:
+            self.plane.up(timeout=120)
         try:
             self.env = {
                 **os.environ,
                 "KUBECONFIG": str(self.plane.kubeconfig),
                 "PATH": f"{self.tools}{os.pathsep}{os.environ['PATH']}",
             }
+            if self.node is not None:
+                images = self.node.images()
+                self.env |= {"INFEROP_TRITON_IMAGE": images["triton"], "INFEROP_FETCH_IMAGE": images["operator"]}
             self.kubectl("apply", *self.plane.release.kubectl_crd_flags, "-f", str(CRD_DIR))
             wait_established(self.tools / "kubectl", self.plane.kubeconfig, CRD_NAME)
             self.api = config.new_client_from_config(str(self.plane.kubeconfig))
         except BaseException:  # no __exit__ follows a failed __enter__: the control plane must not outlive it
-            self.plane.down()
+            self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.plane.down()
+        if self.with_node:
+            stop_with_node(self.plane)
+        else:
+            self.plane.down()
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         try:

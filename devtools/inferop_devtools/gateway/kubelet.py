@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,10 +61,9 @@ def expand(text: str, env: Mapping[str, str]) -> str:
     return _REFERENCE.sub(replace, text)
 
 
-def container_env(pod: Json, container: Json, read_secret: Callable[[str], Json] | None = None) -> dict[str, str]:
-    """The container's environment from `value`, `valueFrom.fieldRef` and `valueFrom.secretKeyRef` (a Secret read
-    with `read_secret`), in order (later entries may refer to earlier ones). A required key the Secret lacks is the
-    kubelet's CreateContainerConfigError; an optional one is left unset."""
+def container_env(pod: Json, container: Json) -> dict[str, str]:
+    """The container's environment from `value` and `valueFrom.fieldRef`, in order (later entries may refer to
+    earlier ones)."""
     env: dict[str, str] = {}
     for variable in container.get("env", []):
         source = variable.get("valueFrom", {})
@@ -73,17 +71,8 @@ def container_env(pod: Json, container: Json, read_secret: Callable[[str], Json]
             env[variable["name"]] = expand(variable["value"], env)
         elif "fieldRef" in source:
             env[variable["name"]] = field_value(pod, source["fieldRef"]["fieldPath"])
-        elif "secretKeyRef" in source and read_secret is not None:
-            reference = source["secretKeyRef"]
-            data = read_secret(reference["name"]).get("data") or {}
-            if reference["key"] in data:
-                env[variable["name"]] = base64.b64decode(data[reference["key"]]).decode()
-            elif not reference.get("optional"):
-                raise ClusterError(
-                    f"CreateContainerConfigError: secret {reference['name']!r} has no key {reference['key']!r}"
-                )
         elif "valueFrom" in variable:
-            raise ClusterError(f"env {variable['name']}: only value, fieldRef and secretKeyRef are played here")
+            raise ClusterError(f"env {variable['name']}: only value and fieldRef are played here")
         else:
             env[variable["name"]] = ""
     return env
@@ -131,51 +120,6 @@ def container_argv(container: Json, env: Mapping[str, str], path: Sequence[Path]
     if program is None:
         raise ClusterError(f"container {container['name']}: {argv[0]} not found in {', '.join(map(str, path))}")
     return [program, *argv[1:]]
-
-
-TERMINATION_LOG = "/dev/termination-log"  # a container's last words, which the kubelet puts in its status
-
-
-def run_init_container(
-    pod: Json,
-    container: Json,
-    workdir: Path,
-    path: Sequence[Path],
-    read_secret: Callable[[str], Json],
-    timeout: float = 600.0,
-) -> Json:
-    """Run an init container of `pod` to completion here, as the kubelet runs it before the pod's containers, and
-    return the status the kubelet then reports for it. Its command, arguments and environment are the pod's
-    (Secrets read with `read_secret`); its volumes are folders under `workdir` that outlive it (as an emptyDir
-    outlives a container). There is no mount namespace: mount paths in its arguments are mapped to those folders and
-    /dev/termination-log to a file, so the program must take its paths as arguments (`inferop fetch` does)."""
-    volume_dirs = {volume["name"]: workdir / "volumes" / volume["name"] for volume in pod["spec"].get("volumes", [])}
-    for directory in volume_dirs.values():
-        directory.mkdir(parents=True, exist_ok=True)
-    termination = workdir / f"{container['name']}.termination-log"
-    termination.unlink(missing_ok=True)
-    places = {mount: str(folder) for mount, folder in mount_binds(container, volume_dirs).items()}
-    places[TERMINATION_LOG] = str(termination)
-
-    def mapped(argument: str) -> str:
-        for mount, folder in places.items():
-            if argument == mount or argument.startswith(f"{mount}/"):
-                return folder + argument[len(mount) :]
-        return argument
-
-    env = container_env(pod, container, read_secret)
-    argv = [mapped(argument) for argument in container_argv(container, env, path)]
-    clean_env = {"PATH": os.pathsep.join(map(str, path)), **env}  # the container's own environment, not ours
-    with open(workdir / f"{container['name']}.log", "wb") as log:
-        code = subprocess.run(argv, env=clean_env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
-    words = termination.read_text() if termination.exists() else ""
-    ended = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", **({"message": words} if words else {})}
-    status: Json = {"name": container["name"], "image": container["image"], "imageID": "", "ready": code == 0}
-    if code == 0:
-        return {**status, "restartCount": 0, "state": {"terminated": ended}, "lastState": {}}
-    # The kubelet restarts a failed init container with a back-off, reporting the failure as its last state.
-    back_off = {"waiting": {"reason": "CrashLoopBackOff", "message": f"back-off restarting {container['name']}"}}
-    return {**status, "restartCount": 1, "state": back_off, "lastState": {"terminated": ended}}
 
 
 # --------------------------------------------------------------------------------------------- processes
