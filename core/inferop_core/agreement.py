@@ -2,11 +2,15 @@
 share, and the held-out inputs a model's processing declares.
 
 A gate names the classifier outputs whose top-1 class must agree (`min_top1_agreement` of the samples) and the
-other outputs with the largest difference allowed. Pure numpy: the operator image runs it too.
+other outputs with the largest difference allowed. Export counts a fixed set of samples (`Comparison`); a rollout
+asks for inputs until a sequential test decides each output (`SequentialComparison`, `inferop_core.sequential`), with
+the inputs on which the reference itself hardly chose (near ties) counted apart. Pure numpy: the operator image runs
+it too.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +18,10 @@ from typing import Any
 import numpy as np
 
 from inferop_core.errors import InferopError
+from inferop_core.gate import Gate
+from inferop_core.gate import default_gate as default_gate  # where export and the operator find it
 from inferop_core.processing import Processing
+from inferop_core.sequential import STATED_CONFIDENCE, AgreementTest, SequentialTest, clopper_pearson
 from inferop_core.tritonconfig import TensorSpec
 
 # Triton's datatypes as numpy's (BF16 has none).
@@ -22,26 +29,6 @@ NUMPY_TYPES: dict[str, Any] = {
     "FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32,
     "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_,
 }  # fmt: skip
-# The largest difference allowed where nothing else says: a policy/value net's value (export's conv-net gate) and
-# plain tensors (a serving change should leave them equal but for the order of float sums).
-POLICY_VALUE_TOLERANCE = 0.02
-TENSOR_TOLERANCE = 1e-3
-
-
-@dataclass(frozen=True)
-class Gate:
-    """What a model must keep of a reference's answers on held-out inputs: for each output in `top1`, the same
-    argmax (over its last axis) in at least `min_agreement` of the samples; for each output in `max_abs_diff`, every
-    value within that of the reference's."""
-
-    top1: tuple[str, ...] = ()
-    min_agreement: float = 0.99
-    max_abs_diff: dict[str, float] = field(default_factory=dict)
-    # output -> the least cosine similarity to the reference allowed on any sample (its output flattened; an output
-    # of one value a sample, whose cosine would be its sign, is compared over all samples at once)
-    min_cosine: dict[str, float] = field(default_factory=dict)
-    # With labelled inputs: how far the first top-1 output's accuracy may fall below the reference's.
-    max_accuracy_drop: float = 0.01
 
 
 @dataclass(frozen=True)
@@ -175,31 +162,6 @@ def _cosine(dot: float, squares: float, both_zero: bool) -> float:
     return float(dot / np.sqrt(squares)) if squares > 0 else float(both_zero)
 
 
-def default_gate(
-    processing: Processing | None,
-    outputs: Sequence[TensorSpec],
-    min_top1_agreement: float = 0.99,
-    max_abs_difference: float | None = None,
-) -> Gate:
-    """The gate a model's processing implies: an image classifier's logits and a policy/value net's policy agree on
-    their top-1 class; every other output agrees to a tolerance (`max_abs_difference`, else by kind)."""
-    kind = (processing or Processing()).kind
-    names = [t.name for t in outputs]
-    if kind == "imageClassification":
-        labelled = [t.name for t in outputs if t.label_filename]
-        top1 = (labelled or names)[:1]
-    elif kind == "policyValue":
-        top1 = [name for name in names if name == "policy"]
-    else:
-        top1 = []
-    tolerance = max_abs_difference or (POLICY_VALUE_TOLERANCE if kind == "policyValue" else TENSOR_TOLERANCE)
-    return Gate(
-        top1=tuple(top1),
-        min_agreement=min_top1_agreement,
-        max_abs_diff={name: tolerance for name in names if name not in top1},
-    )
-
-
 def held_out_inputs(
     processing: Processing | None, inputs: Sequence[TensorSpec], samples: int, batch: int, seed: int
 ) -> Iterable[tuple[int, dict[str, np.ndarray]]]:
@@ -230,3 +192,170 @@ def held_out_inputs(
             else:
                 arrays[tensor.name] = rng.integers(0, 2, size=shape).astype(dtype)
         yield count, arrays
+
+
+@dataclass(frozen=True)
+class OutputVerdict:
+    """One judged output: how many decisive inputs agreed (the same top-1 class, or every value within tolerance),
+    the near ties set apart, the test's decision and the Clopper-Pearson bound on the share at the stated
+    confidence (the least share for an acceptance, the largest for a refusal)."""
+
+    name: str
+    kind: str  # "top1" or "tolerance"
+    samples: int  # decisive inputs counted
+    agreeing: int
+    decision: str | None  # accept, refuse, or None: undecided when the inputs ran out
+    near_ties: int = 0  # inputs where the reference's own top-1 margin was below epsilon
+    near_tie_flips: int = 0  # of those, the ones whose top-1 class differs
+    largest_difference: float = 0.0
+    tolerance: float | None = None  # for a tolerance output
+
+    @property
+    def share(self) -> float:
+        return self.agreeing / self.samples if self.samples else 0.0
+
+    @property
+    def bound(self) -> float:
+        return clopper_pearson(self.agreeing, self.samples, STATED_CONFIDENCE, upper=self.decision != "accept")
+
+    def describe(self, test: SequentialTest) -> str:
+        what = "top-1 agrees" if self.kind == "top1" else f"within {self.tolerance:g}"
+        side, compared, limit = (
+            ("lower", ">=", test.threshold - test.tolerance)
+            if self.decision == "accept"
+            else ("upper", "<", test.threshold)
+        )
+        verdict = {"accept": "passes", "refuse": "refused", None: "undecided"}[self.decision]
+        text = (
+            f"{self.name} {what} on {self.agreeing} of {self.samples} ({self.share:.2%}), "
+            f"{STATED_CONFIDENCE:.0%} {side} bound {self.bound:.4f} ({compared} {limit:.4g}): {verdict}"
+        )
+        if self.near_ties:
+            text += f"; {self.near_ties} near ties apart, {self.near_tie_flips} flipped"
+        return text
+
+
+@dataclass(frozen=True)
+class AgreementResult:
+    """The sequential check's outcome: each output's verdict, the inputs sent and where they came from, and what
+    the test promises."""
+
+    outputs: tuple[OutputVerdict, ...]
+    samples: int  # inputs both models answered
+    design: AgreementTest
+    inputs: str = "generated inputs"  # where the inputs came from
+    seconds: float = 0.0
+    compared: str = "candidate"
+    reference: str = "the stable revision"
+
+    @property
+    def passed(self) -> bool:
+        return all(output.decision == "accept" for output in self.outputs)
+
+    @property
+    def failures(self) -> list[str]:
+        """The refused outputs; where none was, the undecided ones (the inputs ran out): never passed blind."""
+        refused = [o for o in self.outputs if o.decision == "refuse"] or [o for o in self.outputs if o.decision is None]
+        return [output.describe(self.design.test) for output in refused]
+
+    def describe(self) -> str:
+        parts = "; ".join(output.describe(self.design.test) for output in self.outputs)
+        return (
+            f"{self.compared} against {self.reference} on {self.samples} inputs ({self.inputs}) in "
+            f"{self.seconds:.1f} s: {parts}. The test {self.design.describe()}"
+        )
+
+
+class SequentialComparison:
+    """Answers of a reference and a compared model, batch by batch, each judged output fed sample by sample to its
+    sequential test until it decides; near ties (the reference's top-1 margin below `epsilon`, times the top value
+    where that exceeds 1) are counted apart, whatever the compared model answers."""
+
+    def __init__(self, gate: Gate, design: AgreementTest, epsilon: Mapping[str, float]):
+        self.gate, self.design, self.epsilon = gate, design, dict(epsilon)
+        self.samples = 0
+        self.judged = {name: _Count("top1") for name in gate.top1}
+        self.judged |= {name: _Count("tolerance") for name in gate.max_abs_diff}
+
+    @property
+    def decided(self) -> bool:
+        decisions = [count.decision for count in self.judged.values()]
+        return "refuse" in decisions or all(decision is not None for decision in decisions)
+
+    def add(self, reference: Mapping[str, np.ndarray], compared: Mapping[str, np.ndarray], samples: int) -> None:
+        """One batch of `samples` inputs: both models' outputs by name (a model without a batch axis: one sample)."""
+        test = self.design.test
+        for name, count in self.judged.items():
+            want, got = (np.asarray(o[name], np.float64).reshape(samples, -1) for o in (reference, compared))
+            if count.kind == "top1":
+                width = np.shape(reference[name])[-1]
+                want, got = want.reshape(samples, -1, width), got.reshape(samples, -1, width)
+                agree = np.all(np.argmax(want, axis=-1) == np.argmax(got, axis=-1), axis=1)
+                near = _margins(want) < self.epsilon.get(name, 0.0) * np.maximum(1.0, np.abs(want).max(axis=(1, 2)))
+                diffs = np.zeros(samples)
+            else:
+                diffs = np.abs(want - got).max(axis=1) if want.size else np.zeros(samples)
+                agree, near = diffs < self.gate.max_abs_diff[name], np.zeros(samples, dtype=bool)
+            for index in range(samples):
+                if count.decision is not None:
+                    break
+                count.largest = max(count.largest, float(diffs[index]))
+                if near[index]:
+                    count.near_ties += 1
+                    count.near_tie_flips += int(not agree[index])
+                    continue
+                count.samples += 1
+                count.agreeing += int(agree[index])
+                count.decision = test.decide(count.samples, count.samples - count.agreeing)
+        self.samples += samples
+
+    def result(self, inputs: str, seconds: float, compared: str, reference: str) -> AgreementResult:
+        verdicts = tuple(
+            OutputVerdict(
+                name, count.kind, count.samples, count.agreeing, count.decision, count.near_ties,
+                count.near_tie_flips, count.largest, self.gate.max_abs_diff.get(name),
+            )
+            for name, count in self.judged.items()
+        )  # fmt: skip
+        return AgreementResult(verdicts, self.samples, self.design, inputs, round(seconds, 3), compared, reference)
+
+
+@dataclass
+class _Count:
+    kind: str
+    samples: int = 0
+    agreeing: int = 0
+    near_ties: int = 0
+    near_tie_flips: int = 0
+    largest: float = 0.0
+    decision: str | None = None
+
+
+def _margins(values: np.ndarray) -> np.ndarray:
+    """Each sample's least top-1 margin (largest minus second largest) over its positions; infinite for one class."""
+    if values.shape[-1] < 2:
+        return np.full(values.shape[0], np.inf)
+    top = np.sort(values, axis=-1)
+    return np.min(top[..., -1] - top[..., -2], axis=1)
+
+
+def run_check(
+    gate: Gate,
+    design: AgreementTest,
+    epsilon: Mapping[str, float],
+    answers: Iterable[tuple[str, int, Mapping[str, np.ndarray], Mapping[str, np.ndarray]]],
+    compared: str = "candidate",
+    reference: str = "the stable revision",
+) -> AgreementResult:
+    """The sequential check over (origin, samples, reference outputs, compared outputs) batches, drawn only while
+    the test needs more: `answers` may infer lazily, so no input is answered past the decision."""
+    comparison = SequentialComparison(gate, design, epsilon)
+    origins: dict[str, int] = {}
+    started = time.monotonic()
+    for origin, samples, want, got in answers:
+        comparison.add(want, got, samples)
+        origins[origin] = origins.get(origin, 0) + samples
+        if comparison.decided:
+            break
+    used = " and ".join(f"{count} {origin}" for origin, count in origins.items()) or "no inputs"
+    return comparison.result(used, time.monotonic() - started, compared, reference)
