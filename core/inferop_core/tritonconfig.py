@@ -46,6 +46,9 @@ else:
 
 ONNX_PLATFORM = "onnxruntime_onnx"
 MODEL_FILENAME = "model.onnx"
+# The validation set inferop export records beside the model (its --validation inputs): a rollout's agreement check
+# sends it first.
+VALIDATION_FILENAME = "validation.npz"
 # Where the served weights came from, as a config parameter so that any caller can read it from Triton's
 # model-config endpoint next to the labels it is about to show. Triton's ONNX Runtime backend looks up only the
 # parameter names it knows (`src/onnxruntime.cc`), as does `inferop/serving/model.py`, so it changes nothing served.

@@ -30,7 +30,14 @@ from inferop_core.errors import InferopError
 from inferop_core.objectstore import sha256_file
 from inferop_core.quantity import format_bytes, parse_quantity
 from inferop_core.threads import local_cpus
-from inferop_core.tritonconfig import DYNAMIC_DIM, MODEL_FILENAME, ServingConfig, render_model_config
+from inferop_core.tritonconfig import (
+    DYNAMIC_DIM,
+    MODEL_FILENAME,
+    VALIDATION_FILENAME,
+    ServingConfig,
+    render_model_config,
+)
+from inferop_export.data import SampleSet
 from inferop_export.memory import (
     ExportMemory,
     check_fits,
@@ -43,6 +50,7 @@ from inferop_export.precision import (
     GATE_BATCH,
     Attempt,
     PrecisionError,
+    Samples,
     UserData,
     check_precision,
     int8_with_fallback,
@@ -60,6 +68,7 @@ from inferop_operator.spec import (
     Profile,
     Serving,
     Tensor,
+    ValidationSet,
     parse_spec,
 )
 
@@ -295,6 +304,8 @@ def export_model(
         measured_io = comparison.io_bytes_per_sample if any(t.dynamic for t in signature.outputs) else None
         profile = dataclasses.replace(profile, samples_per_cpu_second=rate, io_bytes_per_sample=measured_io)
 
+        # The user's validation set goes with the model: a rollout's agreement check sends it first.
+        recorded = record_validation(validation, signature, staged) if reduced else None
         outputs = list(signature.outputs)
         if source.labels:
             outputs[0] = outputs[0].model_copy(update={"label_filename": LABELS_FILENAME})
@@ -311,6 +322,7 @@ def export_model(
                     inputs=[Tensor.of(t) for t in signature.inputs],
                     outputs=[Tensor.of(t) for t in outputs],
                     processing=source.processing,
+                    validation=recorded,
                     precision="int8" if reduced else "fp32",
                 ).model_dump(  # an fp32 model's manifest says nothing of int8
                     by_alias=True, exclude_none=True, exclude=None if reduced else {"precision", "int8_nodes"}
@@ -346,6 +358,16 @@ def export_model(
         seconds=progress.seconds,
         cost=Cost(round(time.perf_counter() - started, 3), peak_resident_bytes(), memory.bound_bytes),
     )
+
+
+def record_validation(validation: Samples, signature: Signature, model_dir: Path) -> ValidationSet | None:
+    """The user's validation inputs written into the model directory (VALIDATION_FILENAME), and what the spec records
+    of them; None for a built-in network's generated inputs, which the check makes itself."""
+    if not isinstance(validation, SampleSet):
+        return None
+    path = model_dir / VALIDATION_FILENAME
+    np.savez(path, **{t.name: array for t, array in zip(signature.inputs, validation.arrays, strict=True)})
+    return ValidationSet(samples=validation.samples, sha256=sha256_file(path), size_bytes=path.stat().st_size)
 
 
 def install(staged: Path, model_dir: Path) -> None:

@@ -1,5 +1,7 @@
-"""The agreement check of a rollout: one pod of each revision answers the same held-out inputs, before the
-candidate receives a single live request, and the answers are compared as export's precision gate compares them.
+"""The agreement check of a rollout: one pod of each revision answers the same inputs, before the candidate receives
+a single live request, as many as the sequential test needs (`inferop_core.sequential`), compared output by output
+as export's precision gate compares them. The inputs are the validation set recorded with the model where there is
+one, then generated ones.
 
 Requests go straight to the pods (their IP, Triton's HTTP port), with binary tensors (Triton's binary tensor data
 extension), so nothing on the callers' path is involved. numpy is imported here only, when a rollout asks.
@@ -10,16 +12,23 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inferop_core.errors import InferopError
-from inferop_operator.spec import InferenceServiceSpec
+from inferop_core.gate import Gate, near_tie_epsilon
+from inferop_core.objectstore import sha256_file
+from inferop_core.sequential import AgreementTest
+from inferop_core.tritonconfig import VALIDATION_FILENAME
+from inferop_operator.spec import Agreement, InferenceServiceSpec, agreement_gate
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from inferop_core.agreement import GateResult
+    from inferop_core.agreement import AgreementResult
 
 REQUEST_TIMEOUT = 30.0  # seconds one batch may take on either pod
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -81,15 +90,92 @@ def infer(
     return found
 
 
+@dataclass(frozen=True)
+class Design:
+    """What a rollout's agreement check will do for a spec, before any pod exists: the outputs it judges and how,
+    the sequential test with its exact error rates, the near-tie margins and where its inputs come from. The check,
+    the status and `inferop plan` all read this one value."""
+
+    gate: Gate
+    test: AgreementTest
+    epsilon: dict[str, float]  # top-1 output -> its near-tie margin
+    inputs: str  # where the inputs come from, for a person
+
+    def describe(self) -> str:
+        judged = [f"{name} top-1 (near ties below {self.epsilon[name]:.2g} apart)" for name in self.gate.top1]
+        judged += [f"{name} within {tolerance:g}" for name, tolerance in self.gate.max_abs_diff.items()]
+        return f"{', '.join(judged)}: the test {self.test.describe()}; inputs: {self.inputs}"
+
+
+def design(spec: InferenceServiceSpec) -> Design:
+    """The check spec.rollout.agreement asks for (the defaults where the spec has no rollout)."""
+    settings = spec.rollout.agreement if spec.rollout is not None else Agreement()
+    gate = agreement_gate(spec)
+    datatypes = {t.name: t.datatype for t in spec.model.outputs}
+    epsilon = {name: settings.near_tie_epsilon or near_tie_epsilon(datatypes[name]) for name in gate.top1}
+    test = settings.test(len(gate.top1) + len(gate.max_abs_diff))
+    return Design(gate, test, epsilon, validation_source(spec)[1])
+
+
+def validation_source(spec: InferenceServiceSpec) -> tuple[Path | None, str]:
+    """The validation set recorded with the model, where the operator can read it, and what the inputs will be: the
+    set first, then generated inputs if the test needs more; generated alone, saying why, where there is no set."""
+    model = spec.model
+    generated = "generated from model.processing"
+    if model.validation is None:
+        return None, f"{generated} (no validation set recorded with the model)"
+    scheme, _, rest = model.storage_uri.partition("://")
+    if scheme != "hostpath":
+        return None, (
+            f"{generated}: the validation set recorded with the model is in {scheme}:// storage, which the operator "
+            "does not read (only hostpath://)"
+        )
+    return Path(rest) / VALIDATION_FILENAME, (
+        f"the validation set recorded with the model ({model.validation.samples} samples), then {generated}"
+    )
+
+
+def agreement_inputs(
+    spec: InferenceServiceSpec, batch: int, limit: int
+) -> Iterator[tuple[str, int, dict[str, np.ndarray[Any, Any]]]]:
+    """(origin, count, feeds) batches: the recorded validation set in a seeded order, then generated inputs, `limit`
+    in all. A set that is missing or not what the model recorded is an error, not a silent fallback."""
+    import numpy as np
+
+    from inferop_core.agreement import held_out_inputs
+
+    path, _ = validation_source(spec)
+    model = spec.model
+    tensors = [t.as_tensor_spec() for t in model.inputs]
+    sent = 0
+    if path is not None and model.validation is not None:
+        try:
+            if sha256_file(path) != model.validation.sha256:
+                raise AgreementError(f"{path}: not the validation set recorded with the model (its SHA-256 differs)")
+            with np.load(path, allow_pickle=False) as archive:
+                arrays = {t.name: archive[t.name] for t in tensors}
+        except (OSError, KeyError, ValueError) as error:
+            raise AgreementError(
+                f"{path}: the validation set recorded with the model cannot be read ({error})"
+            ) from None
+        order = np.random.default_rng(SEED).permutation(len(next(iter(arrays.values()))))
+        per_request = max(batch, 1)
+        for start in range(0, min(len(order), limit), per_request):
+            chosen = order[start : min(start + per_request, limit)]
+            feeds = {name: array[chosen] if batch else array[chosen[0]] for name, array in arrays.items()}
+            sent += len(chosen) if batch else 1
+            yield "validation", len(chosen) if batch else 1, feeds
+    for count, feeds in held_out_inputs(model.processing, tensors, limit - sent, batch, SEED):
+        yield "generated", count, feeds
+
+
 def compare_revisions(
     stable_url: str, candidate_url: str, stable: InferenceServiceSpec, candidate: InferenceServiceSpec
-) -> GateResult:
-    """Both pods on the held-out inputs the candidate's processing makes, compared by the gate its processing and
-    spec.rollout.agreement imply. Models whose tensors differ cannot agree: that is a failed check, not an error."""
-    from inferop_core.agreement import Comparison, default_gate, held_out_inputs
+) -> AgreementResult:
+    """Both pods on the same inputs, batch after batch, until the sequential test has decided every output the
+    candidate's gate judges (or a refusal). Models whose tensors differ cannot agree: that is an error."""
+    from inferop_core.agreement import run_check
 
-    assert candidate.rollout is not None, "a rollout asks for the agreement check"
-    settings = candidate.rollout.agreement
     model = candidate.model
     signature = [(t.name, t.datatype, list(t.dims)) for t in (*model.inputs, *model.outputs)]
     theirs = [(t.name, t.datatype, list(t.dims)) for t in (*stable.model.inputs, *stable.model.outputs)]
@@ -98,13 +184,16 @@ def compare_revisions(
             f"the candidate serves model {model.name!r} with tensors {signature}, the stable revision "
             f"{stable.model.name!r} with {theirs}: callers of one cannot call the other"
         )
-    outputs = [t.as_tensor_spec() for t in model.outputs]
-    gate = default_gate(model.processing, outputs, settings.min_top1_agreement, settings.max_abs_difference)
-    comparison = Comparison(gate)
+    planned = design(candidate)
     batch = min(candidate.batching.max_batch_size, stable.batching.max_batch_size)
-    names = [t.name for t in outputs]
-    inputs = [t.as_tensor_spec() for t in model.inputs]
-    for count, feeds in held_out_inputs(model.processing, inputs, settings.samples, batch, SEED):
-        reference, answers = infer(stable_url, model.name, feeds, names), infer(candidate_url, model.name, feeds, names)
-        comparison.add(reference, answers, count)
-    return comparison.result("candidate", "the stable revision")
+    names = [t.name for t in model.outputs]
+    # Near ties are not counted by the test: room for them past its most inputs, then undecided is refused.
+    limit = 2 * planned.test.test.max_samples
+
+    def answers(pool: ThreadPoolExecutor) -> Iterator[tuple[str, int, Any, Any]]:
+        for origin, count, feeds in agreement_inputs(candidate, batch, limit):
+            asked = [pool.submit(infer, url, model.name, feeds, names) for url in (stable_url, candidate_url)]
+            yield origin, count, asked[0].result(), asked[1].result()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # both pods answer each batch at once
+        return run_check(planned.gate, planned.test, planned.epsilon, answers(pool))

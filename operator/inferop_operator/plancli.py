@@ -20,6 +20,7 @@ import yaml
 
 from inferop_core.errors import InferopError
 from inferop_core.quantity import parse_quantity
+from inferop_operator.agreement import design
 from inferop_operator.identity import GROUP, KIND
 from inferop_operator.plan import Plan, Refusal, check_routing, plan_service
 from inferop_operator.settings import read_settings
@@ -155,7 +156,28 @@ def as_json(verdict: Verdict) -> dict[str, Any]:
     }
     if verdict.plan is not None and verdict.spec is not None:
         found["arithmetic"] = arithmetic(verdict.plan, verdict.spec)
+    if verdict.spec is not None and verdict.spec.rollout is not None:
+        found["agreement"] = agreement_figures(verdict.spec)
     return found
+
+
+def agreement_figures(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """What a rollout's agreement check will do: the judged outputs, the test's exact error rates, the inputs it
+    needs and where they come from."""
+    planned = design(spec)
+    test = planned.test.test
+    return {
+        "top1": {name: {"nearTieEpsilon": planned.epsilon[name]} for name in planned.gate.top1},
+        "withinTolerance": dict(planned.gate.max_abs_diff),
+        "minAgreement": test.threshold,
+        "tolerance": test.tolerance,
+        "falseRefusal": round(planned.test.false_refusal, 5),
+        "falseAcceptance": round(planned.test.false_acceptance, 5),
+        "identicalModelSamples": test.fewest_samples,
+        "maxSamples": test.max_samples,
+        "inputs": planned.inputs,
+        "explanation": planned.describe(),
+    }
 
 
 def arithmetic(plan: Plan, spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -189,5 +211,6 @@ def as_text(verdict: Verdict) -> str:
         lines.append(f"  queue         {plan.queue.explain(verdict.spec.timeouts.request_seconds)}")
         lines.extend(f"  warning       {warning}" for warning in plan.warnings)
     if verdict.spec is not None and verdict.spec.rollout is not None:
+        lines.append(f"  agreement     {design(verdict.spec).describe()}")
         lines.append("  not checked   the Gateway the rollout routes through (needs the cluster)")
     return "\n".join(lines)

@@ -34,7 +34,7 @@ from pydantic import ConfigDict, Field
 from inferop_operator.spec import InferenceServiceSpec, Rollout, Section
 
 if TYPE_CHECKING:  # numpy stays out of the operator until a rollout compares answers
-    from inferop_core.agreement import GateResult
+    from inferop_core.agreement import AgreementResult
 
 Phase = Literal[
     "Agreement", "Progressing", "Paused", "Promoting", "Finishing", "Succeeded", "RollingBack", "RolledBack"
@@ -147,19 +147,44 @@ class AnalysisStatus(Reported):
     stable: TrackFigures | None = Field(default=None, description="The stable revision's figures.")
 
 
+Decided = Literal["Passed", "Refused", "Undecided"]
+
+
 class OutputAgreement(Reported):
-    """How one output of the candidate agreed with the stable revision's."""
+    """How one output of the candidate agreed with the stable revision's, and what its sequential test decided."""
 
     name: str = Field(description="The output.")
-    top1_agreement: float | None = Field(default=None, description="Share of inputs with the same top-1 class.")
-    max_abs_difference: float | None = Field(default=None, description="The largest difference of any value.")
+    judged_by: Literal["top1", "tolerance"] = Field(
+        description="top1: the same top-1 class; tolerance: every value within maxAbsDifference."
+    )
+    samples: int = Field(description="Inputs the test counted (near ties are not).")
+    agreement: float = Field(description="Share of the counted inputs that agree.")
+    bound: float = Field(
+        description="The Clopper-Pearson bound on that share at 99% confidence: the least share for a pass, the "
+        "largest for a refusal."
+    )
+    decision: Decided = Field(description="The test's decision for this output.")
+    near_ties: int = Field(default=0, description="Inputs where the stable revision's top-1 margin was below epsilon.")
+    near_tie_flips: int = Field(default=0, description="Of those, the ones whose top-1 class differs; not counted.")
+    max_abs_difference: float | None = Field(
+        default=None, description="The largest difference of any value counted (tolerance outputs)."
+    )
 
 
 class AgreementStatus(Reported):
-    """Both revisions on the same held-out inputs, before any live request reached the candidate."""
+    """Both revisions on the same inputs, as many as the sequential test needed, before any live request reached the
+    candidate."""
 
     passed: bool = Field(description="The candidate agrees with the stable revision.")
-    samples: int = Field(description="Held-out inputs answered by both.")
+    samples: int = Field(description="Inputs answered by both.")
+    inputs: str = Field(description="Where they came from: the validation set recorded with the model, or generated.")
+    seconds: float = Field(description="How long the check took.")
+    false_refusal: float = Field(
+        description="The test's probability of refusing a candidate at minAgreement on every output (exact)."
+    )
+    false_acceptance: float = Field(
+        description="Its probability of passing one at minAgreement - tolerance on any output (exact)."
+    )
     outputs: list[OutputAgreement] = Field(default_factory=list, description="Each output compared.")
     message: str = Field(description="The comparison and, when it failed, by how much.")
 
@@ -218,7 +243,7 @@ class Observed:
     candidate_ready: bool = False  # the candidate's Deployment has every replica updated and ready
     traffic_settled: bool = False  # the route (or the replicas) carry the state's traffic
     stable_rolled_out: bool = False  # the stable Deployment runs its current spec on every replica, ready
-    agreement: GateResult | None = None
+    agreement: AgreementResult | None = None
     analysis: AnalysisStatus | None = None
 
 
@@ -320,6 +345,30 @@ def advance(state: RolloutStatus, rollout: Rollout, observed: Observed, candidat
     return state
 
 
+def agreement_status(result: AgreementResult) -> AgreementStatus:
+    """The check's outcome as the status reports it."""
+    decisions: dict[str | None, Decided] = {"accept": "Passed", "refuse": "Refused", None: "Undecided"}
+    outputs = [
+        OutputAgreement(
+            name=o.name, judged_by="top1" if o.kind == "top1" else "tolerance", samples=o.samples,
+            agreement=round(o.share, 4), bound=round(o.bound, 4), decision=decisions[o.decision],
+            near_ties=o.near_ties, near_tie_flips=o.near_tie_flips,
+            max_abs_difference=float(f"{o.largest_difference:.4g}") if o.kind == "tolerance" else None,
+        )
+        for o in result.outputs
+    ]  # fmt: skip
+    return AgreementStatus(
+        passed=result.passed,
+        samples=result.samples,
+        inputs=result.inputs,
+        seconds=result.seconds,
+        false_refusal=round(result.design.false_refusal, 5),
+        false_acceptance=round(result.design.false_acceptance, 5),
+        outputs=outputs,
+        message=result.describe() + (f"; fails: {'; '.join(result.failures)}" if result.failures else ""),
+    )
+
+
 def _agreement(state: RolloutStatus, rollout: Rollout, observed: Observed) -> RolloutStatus:
     now = observed.now
     if not observed.candidate_ready:
@@ -327,22 +376,14 @@ def _agreement(state: RolloutStatus, rollout: Rollout, observed: Observed) -> Ro
     result = observed.agreement
     if result is None:
         return state
-    outputs = [OutputAgreement(name=name, top1_agreement=round(share, 4)) for name, share in result.agreement.items()]
-    outputs += [
-        OutputAgreement(name=name, max_abs_difference=float(f"{diff:.4g}"))
-        for name, diff in result.max_abs_diff.items()
-    ]
-    summary = AgreementStatus(
-        passed=result.passed,
-        samples=result.samples,
-        outputs=outputs,
-        message=result.describe() + (f"; fails: {'; '.join(result.failures)}" if result.failures else ""),
-    )
+    summary = agreement_status(result)
     state = state.model_copy(update={"agreement": summary})
     if not result.passed:
+        refused = "; ".join(result.failures)
         return roll_back(
-            state, now, "Disagrees", f"revision {state.candidate} disagrees, so it gets no traffic: {summary.message}"
-        )
+            state, now, "Disagrees", f"revision {state.candidate} disagrees, so it gets no traffic: {refused} "
+            f"({result.samples} inputs, {result.inputs}, {result.seconds:.1f} s)",
+        )  # fmt: skip
     return _enter_step(state, rollout, 0, now)
 
 

@@ -14,10 +14,12 @@ from pydantic.alias_generators import to_camel
 
 from inferop_core.capacity import QUEUE_BOUND_RULE, UNKNOWN_CAPACITY_RULE
 from inferop_core.errors import InferopError
+from inferop_core.gate import Gate, default_gate
 from inferop_core.objectstore import OBJECT_SCHEMES, ObjectUriError, parse_object_uri
 from inferop_core.processing import Processing
 from inferop_core.quantity import QUANTITY_PATTERN, parse_quantity
 from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
+from inferop_core.sequential import STATED_CONFIDENCE, AgreementTest, agreement_test
 from inferop_core.threads import ThreadPlan
 from inferop_core.tritonconfig import (
     DYNAMIC_DIM,
@@ -182,9 +184,18 @@ class ObjectStorage(Section):
         default=None,
         description=(
             "The most the model directory may hold; the fetch refuses more before it reads a byte. Unset: twice the "
-            "profile's weights plus 64Mi."
+            "profile's weights plus 64Mi and model.validation's size."
         ),
     )
+
+
+class ValidationSet(Section):
+    """Held-out inputs recorded with the model: inferop export writes its --validation inputs into the model directory
+    (validation.npz, one array per input, samples first), and a rollout's agreement check sends them first."""
+
+    samples: int = Field(ge=1, description="Samples in the set.")
+    sha256: str = Field(pattern=SHA256_PATTERN, description="validation.npz's SHA-256; a set that differs is refused.")
+    size_bytes: int = Field(ge=0, description="validation.npz's size, which a fetch of the model directory counts.")
 
 
 class Model(Section):
@@ -245,6 +256,11 @@ class Model(Section):
             "has room), required (only there; pods stay Pending without one), or any."
         ),
     )
+    validation: ValidationSet | None = Field(
+        default=None,
+        description="The validation set inferop export recorded with the model (from --validation); unset: none. A "
+        "rollout's agreement check sends it before any generated input.",
+    )
     processing: Processing | None = Field(
         default=None,
         description=(
@@ -303,10 +319,11 @@ class Model(Section):
         return self.storage_uri.partition("://")[0] in OBJECT_STORAGE_SCHEMES
 
     def download_limit_bytes(self) -> int:
-        """The fetch's size limit: storage.maxSize, or twice the profile's weights plus 64Mi."""
+        """The fetch's size limit: storage.maxSize, or twice the profile's weights plus 64Mi and the validation set."""
         if self.storage is not None and self.storage.max_size is not None:
             return int(parse_quantity(self.storage.max_size, "storage.maxSize"))
-        return 2 * self.profile.weight_bytes + 64 * 2**20
+        recorded = self.validation.size_bytes if self.validation is not None else 0
+        return 2 * self.profile.weight_bytes + 64 * 2**20 + recorded
 
 
 class EnvVar(Section):
@@ -580,23 +597,64 @@ class Analysis(Section):
 
 
 class Agreement(Section):
-    """Before any live request reaches the candidate, both revisions answer the same held-out inputs and must agree
-    as export's precision gate defines it."""
+    """Before any live request reaches the candidate, both revisions answer the same inputs, as many as a sequential
+    test needs to decide with stated error rates: a candidate whose agreement is at `minAgreement` or above passes
+    with probability 0.99 at least, one at `minAgreement - tolerance` or below is refused with probability 0.99 at
+    least (both exact rates are in the status and in `inferop plan`)."""
 
-    samples: int = Field(default=64, ge=1, le=10_000, description="Held-out inputs, made from model.processing.")
-    min_top1_agreement: float = Field(
+    min_agreement: float = Field(
         default=0.99,
-        ge=0,
+        gt=0,
+        lt=1,
+        description="Share of inputs that must agree: the same top-1 class for classifier outputs "
+        "(imageClassification's output, policyValue's policy), every value within maxAbsDifference for the others.",
+    )
+    tolerance: float = Field(
+        default=0.01,
+        gt=0,
+        lt=1,
+        description="How far below minAgreement a candidate must be to be refused with probability 0.99; between the "
+        "two it may go either way. Halving it takes about four times the inputs.",
+    )
+    max_samples: int = Field(
+        default=5000,
+        ge=1,
+        le=100_000,
+        description="The most inputs a judged output's test counts; undecided there, it takes the decision the "
+        "evidence favours, which the stated error rates include. Made from the validation set recorded with the model "
+        "(model.validation), then from model.processing.",
+    )
+    near_tie_epsilon: float | None = Field(
+        default=None,
+        gt=0,
         le=1,
-        description="Share of inputs whose top-1 class must agree, for classifier outputs (imageClassification's "
-        "output, policyValue's policy).",
+        description="An input on which the stable revision's own top-1 margin (its top value less the second) is below "
+        "this, times the top value where that exceeds 1, is a near tie: counted apart and reported, not for or against "
+        "the candidate. Unset: the square root of the output datatype's machine epsilon (3.5e-4 for FP32, 0.031 for "
+        "FP16).",
     )
     max_abs_difference: float | None = Field(
         default=None,
         gt=0,
-        description="Largest difference allowed in every other output; unset: 0.02 for policyValue's value, 0.001 for "
-        "plain tensors.",
+        description="Largest difference allowed in every value of the other outputs; unset: 0.02 for policyValue's "
+        "value, 0.001 for plain tensors.",
     )
+
+    @model_validator(mode="after")
+    def _decidable(self) -> Agreement:
+        if self.tolerance >= self.min_agreement:
+            raise ValueError(f"tolerance ({self.tolerance:g}) must be below minAgreement ({self.min_agreement:g})")
+        fewest = self.test(1).test.fewest_samples
+        if self.max_samples < fewest:
+            raise ValueError(
+                f"maxSamples ({self.max_samples}) cannot decide at minAgreement {self.min_agreement:g} and tolerance "
+                f"{self.tolerance:g}: an identical model needs {fewest} inputs"
+            )
+        return self
+
+    def test(self, outputs: int) -> AgreementTest:
+        """The sequential test for a gate judging `outputs` outputs."""
+        return agreement_test(self.min_agreement, self.tolerance, outputs, self.max_samples)
 
 
 class Rollout(Section):
@@ -719,10 +777,35 @@ class InferenceServiceSpec(Serving):
         )
 
     @model_validator(mode="after")
+    def _agreement_rates(self) -> InferenceServiceSpec:
+        """The agreement check's exact error rates within the stated ones: a maxSamples too small to decide most
+        candidates near the threshold is refused here, not discovered in a rollout."""
+        if self.rollout is None:
+            return self
+        design = self.rollout.agreement.test(len(agreement_gate(self).top1) + len(agreement_gate(self).max_abs_diff))
+        worst = max(design.false_refusal, design.false_acceptance)
+        if worst > 1 - STATED_CONFIDENCE:
+            settings = self.rollout.agreement
+            raise ValueError(
+                f"rollout.agreement.maxSamples: {settings.max_samples} inputs leave the check's error rates at "
+                f"{design.false_refusal:.2%} (false refusal) and {design.false_acceptance:.2%} (false acceptance), "
+                f"above the {1 - STATED_CONFIDENCE:.0%} stated; give more, or a larger tolerance"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _gpu_memory(self) -> InferenceServiceSpec:
         if self.gpu is not None:
             parse_quantity(self.gpu.memory, "gpu.memory")
         return self
+
+
+def agreement_gate(spec: InferenceServiceSpec) -> Gate:
+    """How a rollout's agreement check judges the candidate's outputs: as the model's processing implies, with
+    spec.rollout.agreement's threshold and largest difference."""
+    settings = spec.rollout.agreement if spec.rollout is not None else Agreement()
+    outputs = [t.as_tensor_spec() for t in spec.model.outputs]
+    return default_gate(spec.model.processing, outputs, settings.min_agreement, settings.max_abs_difference)
 
 
 def parse_spec(raw: dict[str, Any] | Any) -> InferenceServiceSpec:

@@ -59,7 +59,11 @@ class TestATrainedClassifier:
         code, report, err = export(capsys, tmp_path, *task.export_args, "--manifest", str(tmp_path / "isvc.yaml"))
         assert code == 0, err
         # Its manifest says it is int8, so the operator places it where int8 pays (model.int8Nodes).
-        assert yaml.safe_load((tmp_path / "isvc.yaml").read_text())["spec"]["model"]["precision"] == "int8"
+        model = yaml.safe_load((tmp_path / "isvc.yaml").read_text())["spec"]["model"]
+        assert model["precision"] == "int8"
+        # Its validation set goes with it, for a rollout's agreement check to send first.
+        recorded = Path(report["modelPath"]).parents[1] / "validation.npz"
+        assert model["validation"]["samples"] == 1000 and model["validation"]["sizeBytes"] == recorded.stat().st_size
         gate = report["gate"]
         assert gate["passed"] and gate["samples"] == 1000
         accuracy = gate["accuracy"]

@@ -148,8 +148,18 @@ def written() -> dict[str, Any]:
         mirror_percent=10, header=True, split="gateway", step_started_at="2026-01-01T00:00:00Z",
         changed_at="2026-01-01T00:00:00Z", stable_spec={},
         agreement=AgreementStatus(
-            passed=True, samples=64, message="ok",
-            outputs=[OutputAgreement(name="policy", top1_agreement=1.0, max_abs_difference=0.0)],
+            passed=True, samples=592, inputs="592 generated", seconds=0.8, false_refusal=0.0038,
+            false_acceptance=0.0038, message="ok",
+            outputs=[
+                OutputAgreement(
+                    name="policy", judged_by="top1", samples=591, agreement=1.0, bound=0.9922, decision="Passed",
+                    near_ties=1, near_tie_flips=1,
+                ),
+                OutputAgreement(
+                    name="value", judged_by="tolerance", samples=591, agreement=1.0, bound=0.9922, decision="Passed",
+                    max_abs_difference=0.0001,
+                ),
+            ],
         ),
         analysis=AnalysisStatus(
             verdict="Passed", message="ok", step=1, weight=25, at="2026-01-01T00:00:10Z", window_seconds=10,

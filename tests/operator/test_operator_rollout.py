@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from inferop_core.agreement import Gate, GateResult
+from inferop_core.agreement import AgreementResult, OutputVerdict
+from inferop_core.sequential import agreement_test
 from inferop_operator.rollout import (
     DRAIN_SECONDS,
     AnalysisStatus,
@@ -50,9 +51,15 @@ def started(split: str = "gateway") -> tuple[InferenceServiceSpec, RolloutStatus
     return candidate, decide(candidate, revision_of(candidate, IMAGE), state, split, T0)
 
 
-def agreement(passed: bool) -> GateResult:
-    gate = Gate(top1=("policy",), max_abs_diff={"value": 0.02})
-    return GateResult("candidate", 64, {"policy": 1.0 if passed else 0.4}, {"value": 0.001}, gate, "stable")
+def agreement(passed: bool) -> AgreementResult:
+    """The check's outcome: every output passed after 591 inputs, or the policy refused after 20 (8 agreeing)."""
+    policy = (
+        OutputVerdict("policy", "top1", 591, 591, "accept")
+        if passed
+        else OutputVerdict("policy", "top1", 20, 8, "refuse")
+    )
+    value = OutputVerdict("value", "tolerance", 591, 591, "accept", largest_difference=0.001, tolerance=0.02)
+    return AgreementResult((policy, value), 591 if passed else 24, agreement_test(0.99, 0.01, 2, 5000), seconds=0.4)
 
 
 def at_step(step: int = 0, settled_at: float = T0) -> RolloutStatus:
@@ -162,7 +169,10 @@ class TestAgreementPhase:
         assert (moved.phase, moved.reason, moved.weight, moved.mirror_percent, moved.header) == (
             "RollingBack", "Disagrees", 0, 0, False,
         )  # fmt: skip
-        assert "policy: top-1 agreement 40.0% < 99%" in moved.message
+        assert "policy top-1 agrees on 8 of 20 (40.00%), 99% upper bound 0.6" in moved.message
+        assert "(< 0.99): refused (24 inputs, generated inputs, 0.4 s)" in moved.message
+        assert moved.agreement is not None and moved.agreement.outputs[0].decision == "Refused"
+        assert moved.agreement.false_acceptance <= 0.01 and moved.agreement.false_refusal <= 0.01
 
     def test_shadow_and_header_at_a_step_of_zero_through_a_gateway(self) -> None:
         spec = parse_spec(raw_spec(instances=2, rollout={

@@ -162,6 +162,33 @@ class TestErrors:
     def test_unknown_field(self, raw: dict[str, Any], path: str) -> None:
         assert f"{path}: unknown field" in spec_error(raw)
 
+    @pytest.mark.parametrize(
+        ("agreement", "message"),
+        [
+            ({"tolerance": 0}, "spec.rollout.agreement.tolerance: Input should be greater than 0"),
+            ({"minAgreement": 1}, "spec.rollout.agreement.minAgreement: Input should be less than 1"),
+            ({"nearTieEpsilon": -1e-4}, "spec.rollout.agreement.nearTieEpsilon: Input should be greater than 0"),
+            (
+                {"minAgreement": 0.5, "tolerance": 0.6},
+                "spec.rollout.agreement: tolerance (0.6) must be below minAgreement (0.5)",
+            ),
+            (
+                {"maxSamples": 500},
+                "spec.rollout.agreement: maxSamples (500) cannot decide at minAgreement 0.99 and tolerance 0.01: an "
+                "identical model needs 591 inputs",
+            ),
+            ({"samples": 64}, "spec.rollout.agreement.samples: unknown field"),
+        ],
+    )
+    def test_agreement_settings_name_the_field(self, agreement: dict[str, Any], message: str) -> None:
+        assert spec_error(raw_spec(rollout={"agreement": agreement})) == message
+
+    def test_too_few_samples_for_the_stated_error_rates(self) -> None:
+        # 600 decide an identical model, but a candidate at the threshold is often undecided there.
+        message = spec_error(raw_spec(rollout={"agreement": {"maxSamples": 600}}))
+        assert message.startswith("spec: rollout.agreement.maxSamples: 600 inputs leave the check's error rates at")
+        assert "above the 1% stated; give more, or a larger tolerance" in message
+
     @pytest.mark.parametrize("value", ["2Gb", "lots", "-"])
     def test_bad_quantity_names_the_resource(self, value: str) -> None:
         message = spec_error(raw_spec(resources={"limits": {"memory": value}}))
