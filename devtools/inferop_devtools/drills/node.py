@@ -115,7 +115,8 @@ def run_cpu_share(root: Path, quick: bool) -> dict[str, Any]:
 def format_cpu_share(result: dict[str, Any]) -> str:
     rows = [
         f"| {r['cpus']} | {r['quota_cpus']:g} | {r['instances']} x {r['intra_op_threads']} | {r['samples_per_s']} | "
-        f"{r['p50_ms']} | {r['cpu_used']} | {r['throttled']} | {r['other_cpu']} | {r['errors']} |"
+        f"{r['p50_ms']} | {r['cpu_used']} | {r['samples_per_s'] / r['cpu_used']:.1f} | {r['throttled']} | "
+        f"{r['other_cpu']} | {r['errors']} |"
         for r in result["runs"]
     ]
     return "\n".join(
@@ -126,12 +127,14 @@ def format_cpu_share(result: dict[str, Any]) -> str:
             f"node's network for {result['seconds']} s at each limit; the quota as the kubelet wrote it into the "
             "container's cgroup, CPU used and throttled time (CPU-seconds per second) from that cgroup.",
             "",
-            "| CPU limit | CFS quota (CPUs) | instances x intra-op | samples/s | p50 ms | CPU used | throttled | "
-            "the rest of the machine | errors |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| CPU limit | CFS quota (CPUs) | instances x intra-op | samples/s | p50 ms | CPU used | samples per "
+            "CPU-second | throttled | the rest of the machine | errors |",
+            "|---|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
-            f"Throughput at 1 CPU against 2 CPUs: **{result['ratio_1_to_2']}** (about 0.5 where the kubelet holds "
-            "each pod to its limit and nothing else takes the node's CPUs: the last column says what else ran).",
+            f"Throughput at 1 CPU against 2 CPUs: **{result['ratio_1_to_2']}**. It is 0.5 where the kubelet holds "
+            "each pod to its limit, the 2-CPU pod gets both CPUs and the model's threads scale linearly; the CPU used "
+            "says what the pods got (the rest of the machine: the callers, the node's daemons, anything else) and "
+            "samples per CPU-second how the model scaled.",
         ]
     )
