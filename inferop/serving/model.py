@@ -8,8 +8,9 @@ Instance count, max batch size, queue policy, timeouts and warm-up are enforced 
 Fault injection for drills and tests: while the file named by INFEROP_FAULT_STALL_FILE exists, made after the model
 loaded, every execution blocks, as a hung model does (and FILE.held is created, so a test knows one is held);
 removing the file lets the blocked executions finish. The fault lives in the process, as a deadlock does: a server
-started after the file was made (a restarted container, whose /tmp kept it) runs normally. INFEROP_FAULT_SLOWDOWN=F (at least 1) makes every execution take F
-times as long, as a slower build of the same model would (the same answers, later). INFEROP_FAULT_FAIL_VALUE=V
+started after the file was made (a restarted container, whose /tmp kept it) runs normally.
+INFEROP_FAULT_SLOWDOWN=F (at least 1) makes every execution take F times as long, as a slower build of the same
+model would (the same answers, later). INFEROP_FAULT_FAIL_VALUE=V
 fails every execution whose inputs hold the value V somewhere, as a model that breaks on inputs it was never
 checked on: the whole batch fails, as an ONNX Runtime run does, and Triton counts each of its requests in
 nv_inference_request_failure (an error response the model returns itself would count as a success there).

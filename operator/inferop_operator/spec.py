@@ -330,7 +330,7 @@ class EnvVar(Section):
     """One environment variable of the serving container."""
 
     name: str = Field(max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name.")
-    value: str = Field(default="", max_length=32768, description="Its value.")
+    value: str = Field(max_length=32768, description="Its value (an empty string for an empty one).")
 
 
 class Runtime(Section):

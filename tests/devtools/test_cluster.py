@@ -368,6 +368,7 @@ def test_cli_up_is_idempotent_and_down_leaves_no_process(
             images = node.images()
             assert exports[1:] == [
                 f"export INFEROP_TRITON_IMAGE={images['triton']}",
+                f"export INFEROP_FETCH_IMAGE={images['operator']}",
                 f"export INFEROP_CHART_VALUES={node.layout.chart_values}",
             ]
         else:

@@ -215,8 +215,10 @@ class TestErrors:
         [
             ([{"name": "A", "value": "1"}, {"name": "OMP_NUM_THREADS", "value": "8"}],
              "spec.runtime.env: env[1].name OMP_NUM_THREADS is derived from spec.threads.intraOp; set that instead"),
-            ([{"name": "A"}, {"name": "A", "value": "2"}], "spec.runtime.env: env[1].name A is given twice"),
-            ([{"name": "1A"}], "spec.runtime.env.0.name: String should match pattern"),
+            ([{"name": "A", "value": ""}, {"name": "A", "value": "2"}],
+             "spec.runtime.env: env[1].name A is given twice"),
+            ([{"name": "A"}], "spec.runtime.env.0.value: Field required"),
+            ([{"name": "1A", "value": ""}], "spec.runtime.env.0.name: String should match pattern"),
             ([{"name": "A", "value": 1}], "spec.runtime.env.0.value: Input should be a valid string"),
         ],
     )  # fmt: skip

@@ -512,10 +512,13 @@ class Drill:
             "weights": "random (seed 7)",
         }
         run = self.roll("wrong", {"model": other})
-        agreement = math.ceil(64 / self.models.spec["batching"]["maxBatchSize"])  # the check's requests
+        checked = run.final.get("agreement") or {}
+        # The check's requests: its inputs, batch by batch, as many as its sequential test needed.
+        agreement = math.ceil(checked.get("samples", 0) / self.models.spec["batching"]["maxBatchSize"])
         live = run.observer.received("canary") - agreement
         return run.report(
             candidate_live_requests=live,
+            agreement_inputs=checked.get("samples"),
             goals=goals(
                 ("refused by the agreement check", run.rolled_back_by("Disagrees")),
                 ("never receives a live request", live == 0),
