@@ -13,6 +13,8 @@ nothing outside is touched. Candidates, each a change of a service serving a sma
     failing   a build that errors on boards holding 0.5 (INFEROP_FAULT_FAIL_VALUE), which the held-out boards
               never hold and a tenth of live requests do: rolled back
     wrong     other weights (another seed): fast, no errors, different answers: never gets a live request
+    near      the same model with one move's policy bias raised, so that its top-1 move differs on 3% of the check's
+              inputs (0.97 agreement, below minAgreement - tolerance): refused with the bound, no live request
     shadow    20% of live requests mirrored while its weight is 0: what reaches it, what callers get from it
     header    `x-inferop-candidate: 1` callers: where they go, and where the others go
     second    a second rollout right after a promotion: no route left from the first
@@ -60,6 +62,7 @@ from inferop_operator.identity import COMPONENT, COMPONENTS, INSTANCE
 log = logging.getLogger("rollout-drill")
 MODEL = "conv_net"
 NETWORK: dict[str, Any] = {"rows": 8, "cols": 7, "depth": 10, "hidden": 128, "moves": 7}  # export's default
+NEAR_AGREEMENT = 0.97  # the near candidate's top-1 agreement with the stable model on the check's inputs
 FAIL_VALUE = 0.5  # a cell value the failing build breaks on; held-out boards hold -1, 0 and 1 only
 FAILING_SHARE = 0.1  # of live requests carry it
 HEADER = {"name": "x-inferop-candidate", "value": "1"}
@@ -136,10 +139,13 @@ def faults(config: str) -> dict[str, str]:
 
 @dataclass
 class Models:
-    """The network exported twice (two seeds) and the spec export wrote for it."""
+    """The network exported twice (two seeds), a copy of the first nudged to NEAR_AGREEMENT (`near`, the agreement
+    measured), and the spec export wrote for it."""
 
     stable: Path
     other: Path
+    near: Path
+    near_agreement: float
     spec: dict[str, Any]
 
 
@@ -152,7 +158,50 @@ def export_models(workdir: Path) -> Models:
     report = export_model(conv_net(**NETWORK), workdir / "models", serving=serving, quiet=True)
     export_model(conv_net(**NETWORK, seed=7), workdir / "models-other", serving=serving, quiet=True)
     spec = report.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return Models(workdir / "models" / MODEL, workdir / "models-other" / MODEL, spec)
+    stable, near = workdir / "models" / MODEL, workdir / "models-near" / MODEL
+    measured = nudged_copy(stable, near, spec, NEAR_AGREEMENT)
+    return Models(stable, workdir / "models-other" / MODEL, near, measured, spec)
+
+
+def nudged_copy(stable: Path, out: Path, spec: dict[str, Any], agreement: float) -> float:
+    """A copy of the model directory `stable` whose policy's top-1 move differs from the stable model's on
+    1 - `agreement` of the agreement check's own inputs: the bias of the move that is least often the top one is
+    raised past that share of the inputs' gaps to their top move. Returns the agreement ONNX Runtime measures for
+    the copy on those inputs."""
+    import shutil
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from inferop_operator.agreement import agreement_inputs
+    from inferop_operator.spec import parse_spec
+
+    model = onnx.load(stable / "1" / "model.onnx")
+    producers = {output: node for node in model.graph.node for output in node.output}
+    logits = producers["policy"]
+    if logits.op_type == "Softmax":
+        logits = producers[logits.input[0]]
+    (bias,) = [i for i in model.graph.initializer if i.name == logits.input[2]]
+    name = spec["model"]["inputs"][0]["name"]
+    boards = np.concatenate([feeds[name] for _, _, feeds in agreement_inputs(parse_spec(spec), 64, 4000)])
+
+    def policy(path: Path) -> np.ndarray:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return np.asarray(session.run(["policy"], {name: boards})[0])
+
+    before = np.log(policy(stable / "1" / "model.onnx"))
+    top = before.argmax(axis=1)
+    move = int(np.bincount(top, minlength=before.shape[1]).argmin())
+    gaps = np.sort(before.max(axis=1)[top != move] - before[top != move, move])
+    raise_by = float(gaps[int((1 - agreement) * len(before))])  # past that many inputs' gaps, short of the next
+    values = numpy_helper.to_array(bias).copy()
+    values[move] += raise_by
+    bias.CopyFrom(numpy_helper.from_array(values, bias.name))
+    shutil.copytree(stable, out)
+    onnx.save(model, out / "1" / "model.onnx")
+    return float((policy(out / "1" / "model.onnx").argmax(axis=1) == top).mean())
 
 
 def manifest(name: str, models: Models, settings: Settings, rollout: dict[str, Any]) -> dict[str, Any]:
@@ -526,6 +575,33 @@ class Drill:
             ),
         )
 
+    def near(self) -> dict[str, Any]:
+        nudged = {
+            **self.models.spec["model"],
+            "storageUri": f"hostpath://{self.models.near}",
+            "weights": f"random (seed 0), policy nudged to {NEAR_AGREEMENT} agreement",
+        }
+        run = self.roll("near", {"model": nudged})
+        checked = run.final.get("agreement") or {}
+        agreement = math.ceil(checked.get("samples", 0) / self.models.spec["batching"]["maxBatchSize"])
+        live = run.observer.received("canary") - agreement
+        policy: dict[str, Any] = next((o for o in checked.get("outputs", []) if o["name"] == "policy"), {})
+        return run.report(
+            measured_agreement=round(self.models.near_agreement, 4),
+            agreement_inputs=checked.get("samples"),
+            policy=policy,
+            candidate_live_requests=live,
+            goals=goals(
+                ("refused by the agreement check", run.rolled_back_by("Disagrees")),
+                (
+                    "the refusal states the bound",
+                    "bound" in policy and f"bound {policy['bound']:.4f}" in (run.final.get("message") or ""),
+                ),
+                ("never receives a live request", live == 0),
+                ("no caller fails", run.callers["failed"] == 0),
+            ),
+        )
+
     @contextmanager
     def held(
         self,
@@ -830,6 +906,7 @@ SCENARIOS: dict[str, Callable[[Drill], dict[str, Any]]] = {
     "slow": Drill.slow,
     "failing": Drill.failing,
     "wrong": Drill.wrong,
+    "near": Drill.near,
     "shadow": Drill.shadow,
     "header": Drill.header,
     "second": Drill.second,
