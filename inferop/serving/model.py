@@ -83,15 +83,15 @@ class TritonPythonModel:
         fail_value = os.environ.get("INFEROP_FAULT_FAIL_VALUE")
         self.fail_value = None if fail_value is None else float(fail_value)
 
-    def _stall_armed(self):
+    def _stall_armed(self, path):
         try:
-            return os.stat(self.stall_file).st_mtime >= self.loaded_at
+            return os.stat(path).st_mtime >= self.loaded_at
         except FileNotFoundError:
             return False
 
     def execute(self, requests):
         """One ONNX Runtime run for every request the dynamic batcher grouped, split back per request."""
-        if self.stall_file and self._stall_armed():
+        if self.stall_file and self._stall_armed(self.stall_file):
             open(self.stall_file + ".held", "w").close()
             while os.path.exists(self.stall_file):
                 time.sleep(0.05)
