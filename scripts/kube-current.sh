@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Provide a current Kubernetes control plane (kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubectl at 1.37.2 and etcd 3.6) in one directory and print it on the last stdout line (progress goes to
+# kubectl at 1.37.2 and etcd 3.6.17) in one directory and print it on the last stdout line (progress goes to
 # stderr).
 #
 # The binaries are built from the Go module proxy into ${INFEROP_CACHE:-$HOME/.cache/inferop}/kube-1.37/bin,
@@ -16,7 +16,7 @@
 set -euo pipefail
 
 KUBE_VERSION=v1.37.2
-ETCD_SERIES=v3.6
+ETCD_VERSION=v3.6.17  # the docs quote it (docs/operations/local-cluster.md)
 KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 NEEDED=("${KUBE_COMMANDS[@]}" etcd)
 SCRIPT=kube-current
@@ -89,8 +89,8 @@ build_etcd() {
     local wrapper="$BUILD/etcd" version source
     # etcd's server module requires its sibling modules at exact versions; its replaces only point them at
     # its own checkout, so the wrapper needs nothing but the requirement.
-    version=$(go list -m -f '{{.Version}}' "go.etcd.io/etcd/server/v3@$ETCD_SERIES")
-    log "etcd $version (newest $ETCD_SERIES on the proxy)"
+    version=$ETCD_VERSION
+    log "etcd $version"
     source=$(go mod download -json "go.etcd.io/etcd/server/v3@$version" | awk -F'"' '$2 == "Dir" { print $4 }')
     use_go_for "$(go_directive "$source/go.mod")"
     mkdir -p "$wrapper"

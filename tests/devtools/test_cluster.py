@@ -42,7 +42,7 @@ from inferop_devtools.cluster.controlplane import (
     scheduler_command,
 )
 from inferop_devtools.cluster.node import NODE_NAME, Node
-from inferop_devtools.cluster.tools import not_established
+from inferop_devtools.cluster.tools import kube_tools, not_established
 from tests.helpers import wait_for
 
 BIN = Path("/opt/kube/bin")
@@ -357,6 +357,7 @@ def test_cli_up_is_idempotent_and_down_leaves_no_process(
         assert first.returncode == 0, first.stderr
         exports = first.stdout.splitlines()
         assert exports[0] == f"export KUBECONFIG={state_dir / 'kubeconfig'}"
+        assert exports[1] == f'export PATH={kube_tools()}:"$PATH"'  # the project's kubectl and helm
         pids = ControlPlane(state_dir).pids()
         assert set(pids) == set(release.components)
         recorded = node.recorded()
@@ -366,13 +367,13 @@ def test_cli_up_is_idempotent_and_down_leaves_no_process(
             )
             assert recorded is not None and node.running()
             images = node.images()
-            assert exports[1:] == [
+            assert exports[2:] == [
                 f"export INFEROP_TRITON_IMAGE={images['triton']}",
                 f"export INFEROP_FETCH_IMAGE={images['operator']}",
                 f"export INFEROP_CHART_VALUES={node.layout.chart_values}",
             ]
         else:
-            assert "pods stay Pending" in first.stderr and recorded is None and exports[1:] == []
+            assert "pods stay Pending" in first.stderr and recorded is None and exports[2:] == []
 
         again = cli(*up, bin_dir=bin_dir)
         assert again.stdout == first.stdout

@@ -52,6 +52,7 @@ class Cluster:
         self.state_dir = state_dir
         self.kubectl = str(kube_binaries(build=False, release=KUBERNETES_1_37) / "kubectl")
         variables = dict(line.removeprefix("export ").split("=", 1) for line in exports.splitlines())
+        variables["PATH"] = variables["PATH"].replace('"$PATH"', os.environ["PATH"])  # as the shell expands it
         self.env = {**os.environ, **variables}
 
     def run(self, *args: str, check: bool = True, timeout: float = 60) -> str:

@@ -26,7 +26,7 @@ import yaml
 from inferop.paths import repo_root
 from inferop.serving.localrepo import PYTHON_MODEL
 from inferop_devtools.cluster import tools
-from inferop_devtools.cluster.controlplane import Layout
+from inferop_devtools.cluster.controlplane import KUBERNETES_1_37, ControlPlane, Layout
 from inferop_devtools.cluster.images import ImageError, Images, ImageSpec, archive_reference, write_archive
 from inferop_devtools.cluster.local_images import operator_image, triton_image
 from inferop_devtools.cluster.node import (
@@ -34,6 +34,7 @@ from inferop_devtools.cluster.node import (
     NODE_NAME,
     POD_CIDR,
     Node,
+    NodeError,
     NodeLayout,
     NodeSite,
     cni_network,
@@ -41,6 +42,7 @@ from inferop_devtools.cluster.node import (
     holder_command,
     kubelet_config,
     network_commands,
+    start_with_node,
 )
 from tests.helpers import ExportedRepo, serving, wait_for
 from tests.node.helpers import INFEROP, Cluster, cli, one_cpu, traces
@@ -453,6 +455,27 @@ def test_down_leaves_no_process_mount_namespace_link_cgroup_or_rule(
     assert traces(kube.state_dir) == before
     assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()]
     assert not kube.state_dir.exists()
+
+
+@pytest.mark.integration
+def test_a_start_that_fails_midway_stops_what_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node failing once the link and the control plane run (here: its start raises, as a containerd that never
+    answers would): nothing of either is left, and the error reaches the caller."""
+    state_dir = tmp_path / "cluster"
+    plane = ControlPlane(state_dir, release=KUBERNETES_1_37, address=NodeSite.of(state_dir).host_address)
+    before = traces(state_dir)
+    running: dict[str, int] = {}
+
+    def fails(self: Node, server: str, kubeconfig_path: Path, timeout: float = 120.0) -> dict[str, float]:
+        running.update(plane.pids())
+        raise NodeError("containerd did not answer")
+
+    monkeypatch.setattr(Node, "up", fails)
+    with pytest.raises(NodeError, match="containerd did not answer"):
+        start_with_node(plane, timeout=60)
+    assert set(running) >= {"etcd", "kube-apiserver"}  # it had started them
+    assert not [pid for pid in running.values() if Path(f"/proc/{pid}").exists()]
+    assert traces(state_dir) == before
 
 
 @pytest.mark.integration

@@ -2,9 +2,9 @@
 
 On the current release `up` starts one real node beside the control plane (inferop_devtools.cluster.node):
 containerd, runc, the CNI plugins, the kubelet and kube-proxy, in namespaces of their own, with the local Triton image
-imported, so an applied InferenceService runs and answers. Only `up`'s `export` lines go to stdout (KUBECONFIG;
-INFEROP_TRITON_IMAGE and INFEROP_FETCH_IMAGE for an operator run from the same shell; INFEROP_CHART_VALUES for
-helm); progress and errors go to stderr.
+imported, so an applied InferenceService runs and answers. Only `up`'s `export` lines go to stdout (KUBECONFIG; PATH
+with the project's kubectl and helm first; INFEROP_TRITON_IMAGE and INFEROP_FETCH_IMAGE for an operator run from the
+same shell; INFEROP_CHART_VALUES for helm); progress and errors go to stderr.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from inferop_devtools.cluster.controlplane import (
     process_running,
 )
 from inferop_devtools.cluster.node import NODE_NAME, Node, NodeSite, start_with_node, stop_with_node
+from inferop_devtools.cluster.tools import kube_tools
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +100,7 @@ def _up(cluster: ControlPlane, node: Node, with_node: bool, timeout: float) -> i
         if not with_node:
             print("no node: pods stay Pending", file=sys.stderr)
     print(f"export KUBECONFIG={shlex.quote(str(kubeconfig))}")
+    print(f'export PATH={shlex.quote(str(kube_tools()))}:"$PATH"')  # kubectl and helm (scripts/helm-kubectl.sh)
     images = node.images()
     if triton := images.get("triton"):  # the operator's default for services that name no image
         print(f"export INFEROP_TRITON_IMAGE={shlex.quote(triton)}")
