@@ -159,6 +159,7 @@ def await_served(timeout: float) -> None:
     never served InferenceServices and said so only in a log line (on 1.37, kopf's scan found none 0.1 s after
     kubectl had listed the group). With one namespace watched, it would not notice a CRD installed later either."""
     deadline = time.monotonic() + timeout
+    said = False
     while True:
         try:
             if PLURAL in api().resources(API_VERSION):
@@ -166,6 +167,9 @@ def await_served(timeout: float) -> None:
             why = f"the API server does not serve {PLURAL}.{API_VERSION}"
         except (ApiException, urllib3.exceptions.HTTPError) as error:
             why = f"the API server did not answer: {error}"
+        if not said:  # one line, not one a poll
+            log.info("waiting up to %g s for %s to be served (%s)", timeout, PLURAL, why)
+            said = True
         if time.monotonic() > deadline:
             raise NotServed(
                 f"{why} after {timeout:g} s: install the CRD (charts/inferop/crds, or helm install inferop) "

@@ -7,7 +7,6 @@ Each test runs its own control plane, whose CRD it installs (or not) when it cho
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from inferop_devtools.cluster.controlplane import ControlPlane
 from inferop_devtools.cluster.tools import kube_tools
+from tests.helpers import wait_for
 from tests.kube.helpers import EXAMPLES, Kubectl, install_crd, operator_process, wait_reconciled
 
 pytestmark = pytest.mark.integration
@@ -40,9 +40,14 @@ def test_an_operator_started_before_its_crd_serves_it_once_installed(
     log = tmp_path / "operator.log"
     process = operator_process(own_plane.kubeconfig, log, "--namespace", NAMESPACE)
     stopped_at_the_end.append(process)
-    # Not a wait for a condition: the operator must be up and looking before the CRD comes.
-    time.sleep(3)
+    # The operator up and looking before the CRD comes: its one line while it waits.
+    wait_for(
+        lambda: process.poll() is not None or "waiting up to" in log.read_text(),
+        timeout=60,
+        what="the operator to wait for its CRD",
+    )
     assert process.poll() is None, log.read_text()[-3000:]
+    assert log.read_text().count("waiting up to") == 1
 
     install_crd(kubectl, own_plane.release)
     assert kubectl.apply(NAMESPACE, EXAMPLES / "conv-net.yaml").returncode == 0

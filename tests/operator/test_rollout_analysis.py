@@ -36,6 +36,12 @@ def successes(prometheus: Prometheus) -> float:
     return found[0].value if found else 0.0
 
 
+def scraped_since(prometheus: Prometheus, moment: float) -> bool:
+    """Whether Prometheus holds a sample of Triton's counters scraped after `moment` (seconds since the epoch)."""
+    found = prometheus.query('max(timestamp(nv_inference_request_success{model="conv_net",namespace="models"}))')
+    return bool(found) and found[0].value > moment
+
+
 def test_one_tracks_requests_failures_and_time_over_a_window(triton: RunningServer, prometheus: Prometheus) -> None:
     import tritonclient.http as httpclient
 
@@ -52,8 +58,10 @@ def test_one_tracks_requests_failures_and_time_over_a_window(triton: RunningServ
                 client.infer("conv_net", [request], timeout=1)
     finally:
         client.close()
+    answered = time.time()
     wait_for(lambda: successes(prometheus) >= before + 30, timeout=20, what="the requests in Prometheus")
-    time.sleep(2)  # another scrape: increase() needs the counters after the last request
+    # increase() needs the counters from a scrape that began after the last request
+    wait_for(lambda: scraped_since(prometheus, answered), timeout=20, what="a scrape after the last request")
     figures = track_window(prometheus.url, "models", "conv-net", "conv_net", "candidate", 60)
     # increase() extrapolates to the window's edges: the counts are near, not exact
     assert figures.requests == pytest.approx(33, rel=0.35)
