@@ -89,8 +89,9 @@ def routing_for(
             candidate = draining
         elif phase == "Promoting":
             candidate = max(stable, 1)
-        else:
-            candidate = canary_replicas(stable, weight, traffic.mirror_percent, traffic.header)
+        else:  # the current step's share, or the next step's while its pods start
+            share = max(weight, state.scaling_for or 0) if state.candidate_wanted else weight
+            candidate = canary_replicas(stable, share, traffic.mirror_percent, traffic.header)
         return Routing(traffic, gateway, None, candidate)
     if phase in ("Progressing", "Paused") and weight > 0:
         if spec.autoscaling is None:

@@ -101,7 +101,7 @@ def observe(
     candidate_ready = rolled_out(candidate_deployment, service.routing.candidate_replicas)
     settled = _traffic_settled(service, split, kube, stable_deployment, candidate_deployment)
     agreement = None
-    if state.phase == "Agreement" and candidate_ready:
+    if state.phase == "Agreement" and candidate_ready and state.scaling_for is None:  # not once it agreed
         agreement, state = _agreement(service, spec, state, pods, now)
     analysis = None
     if analysis_due(state, spec.rollout, now):

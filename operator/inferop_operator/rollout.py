@@ -143,6 +143,7 @@ class AnalysisStatus(Reported):
     weight: int = Field(description="The candidate's weight at that step, percent.")
     at: str = Field(description="When (RFC 3339).")
     window_seconds: float = Field(description="Seconds of the step analysed.")
+    failures_in_a_row: int = Field(default=0, description="Failed analyses of this step in a row, this one included.")
     candidate: TrackFigures | None = Field(default=None, description="The candidate's figures.")
     stable: TrackFigures | None = Field(default=None, description="The stable revision's figures.")
 
@@ -207,6 +208,11 @@ class RolloutStatus(Reported):
         description="How traffic is split: gateway (the HTTPRoute's weights) or replicas (pods behind one Service, "
         "approximate: the share of ready pods).",
     )
+    scaling_for: int | None = Field(
+        default=None,
+        description="The share (percent) of requests the candidate's pods are being started for: the next step's "
+        "traffic waits until they are all Ready, the current step's going on meanwhile.",
+    )
     step_started_at: str | None = Field(default=None, description="When the current step's traffic took effect.")
     changed_at: str | None = Field(default=None, description="When the phase or the traffic last changed.")
     agreement: AgreementStatus | None = Field(default=None, description="The check before any live traffic.")
@@ -262,6 +268,7 @@ def start(stable: str, candidate: str, split: str, now: float, previous: Rollout
             "header": False,
             "split": split,
             "step_started_at": None,
+            "scaling_for": None,
             "changed_at": timestamp(now),
             "agreement": None,
             "analysis": None,
@@ -282,8 +289,9 @@ def _moved(state: RolloutStatus, now: float, **update: Any) -> RolloutStatus:
 def roll_back(state: RolloutStatus, now: float, reason: str, message: str) -> RolloutStatus:
     """No traffic to the candidate from this moment; its pods drain, then go."""
     return _moved(
-        state, now, phase="RollingBack", reason=reason, message=message, weight=0, mirror_percent=0, header=False
-    )
+        state, now, phase="RollingBack", reason=reason, message=message, weight=0, mirror_percent=0, header=False,
+        scaling_for=None,
+    )  # fmt: skip
 
 
 def _enter_step(state: RolloutStatus, rollout: Rollout, step: int, now: float) -> RolloutStatus:
@@ -301,6 +309,25 @@ def _enter_step(state: RolloutStatus, rollout: Rollout, step: int, now: float) -
         mirror_percent=traffic.mirror_percent,
         header=traffic.header,
         step_started_at=None,
+        scaling_for=None,
+    )
+
+
+def _pods_for_step(state: RolloutStatus, rollout: Rollout, step: int, now: float) -> RolloutStatus:
+    """Step `step`, once the candidate has the Ready pods its traffic needs: through a gateway its Deployment is
+    scaled for the step's share first (`scaling_for`), and `advance` enters the step when every pod is Ready. Split
+    by replicas, the pods are the split: they come with the step."""
+    traffic = step_traffic(rollout, step, state.split or "gateway")
+    if state.split == "replicas":
+        return _enter_step(state, rollout, step, now)
+    share = max(traffic.weight, traffic.mirror_percent)
+    return state.model_copy(
+        update={
+            "reason": "CandidateScaling",
+            "message": f"step {step + 1} of {len(rollout.steps)} waits for the candidate's pods for {share}% of "
+            "requests to be Ready",
+            "scaling_for": share,
+        }
     )
 
 
@@ -313,15 +340,17 @@ def advance(state: RolloutStatus, rollout: Rollout, observed: Observed, candidat
         return state
     if rollout.abort is not None and rollout.abort == state.candidate and phase not in ("RollingBack",):
         return roll_back(state, now, "Aborted", f"revision {state.candidate} aborted by spec.rollout.abort")
+    if phase in ("Progressing", "Paused") and rollout.promote is not None and rollout.promote == state.candidate:
+        return _moved(
+            state, now, phase="Promoting", reason="PromotedBySpec",
+            message=f"revision {state.candidate} promoted by spec.rollout.promote: the stable Deployment takes "
+            "its spec", weight=100, mirror_percent=0, scaling_for=None,
+        )  # fmt: skip
+    if state.scaling_for is not None and observed.candidate_ready:  # the next step's pods are Ready
+        return _enter_step(state, rollout, 0 if state.step is None else state.step + 1, now)
     if phase == "Agreement":
-        return _agreement(state, rollout, observed)
+        return state if state.scaling_for is not None else _agreement(state, rollout, observed)
     if phase in ("Progressing", "Paused"):
-        if rollout.promote is not None and rollout.promote == state.candidate:
-            return _moved(
-                state, now, phase="Promoting", reason="PromotedBySpec",
-                message=f"revision {state.candidate} promoted by spec.rollout.promote: the stable Deployment takes "
-                "its spec", weight=100, mirror_percent=0,
-            )  # fmt: skip
         return _step(state, rollout, observed)
     if phase == "Promoting":
         if not observed.stable_rolled_out:
@@ -384,7 +413,7 @@ def _agreement(state: RolloutStatus, rollout: Rollout, observed: Observed) -> Ro
             state, now, "Disagrees", f"revision {state.candidate} disagrees, so it gets no traffic: {refused} "
             f"({result.samples} inputs, {result.inputs}, {result.seconds:.1f} s)",
         )  # fmt: skip
-    return _enter_step(state, rollout, 0, now)
+    return _pods_for_step(state, rollout, 0, now)
 
 
 def _step(state: RolloutStatus, rollout: Rollout, observed: Observed) -> RolloutStatus:
@@ -402,9 +431,18 @@ def _step(state: RolloutStatus, rollout: Rollout, observed: Observed) -> Rollout
         if not paused_by_spec and state.reason == "PausedBySpec":
             return _moved(state, now, phase="Progressing", reason="Resumed", message="spec.rollout.paused unset")
         return state
+    before = state.analysis if state.analysis is not None and state.analysis.step == step else None
+    failures = (before.failures_in_a_row if before is not None else 0) + 1 if analysis.verdict == "Failed" else 0
+    analysis = analysis.model_copy(update={"failures_in_a_row": failures})
     state = state.model_copy(update={"analysis": analysis})
     if analysis.verdict == "Failed":
-        return roll_back(state, now, "AnalysisFailed", analysis.message)
+        limit = rollout.analysis.failure_limit
+        if failures >= limit:
+            return roll_back(state, now, "AnalysisFailed", analysis.message)
+        return state.model_copy(
+            update={"reason": "AnalysisFailing", "message": f"{failures} of {limit} failed analyses in a row "
+                    f"allowed before a rollback: {analysis.message}"}
+        )  # fmt: skip
     if analysis.verdict in ("NoData", "Unreachable"):
         started = seconds_of(state.step_started_at) or now
         if analysis.verdict == "Unreachable" or now - started >= rollout.step_seconds:
@@ -424,7 +462,7 @@ def _step(state: RolloutStatus, rollout: Rollout, observed: Observed) -> Rollout
             return _moved(state, now, phase="Progressing", reason="Resumed", message=analysis.message)
         return state
     if step + 1 < len(rollout.steps):
-        return _enter_step(state, rollout, step + 1, now)
+        return _pods_for_step(state, rollout, step + 1, now)
     return _moved(
         state, now, phase="Promoting", reason="AllStepsPassed",
         message=f"revision {state.candidate} passed every step: the stable Deployment takes its spec",

@@ -573,7 +573,7 @@ class Analysis(Section):
     over the same window."""
 
     interval_seconds: int = Field(
-        default=10, ge=1, le=3600, description="How often the step's window so far is analysed; a failure rolls back."
+        default=10, ge=1, le=3600, description="How often the step's window so far is analysed."
     )
     max_failure_ratio_increase: float = Field(
         default=0.01,
@@ -593,6 +593,13 @@ class Analysis(Section):
         ge=1,
         le=1_000_000,
         description="Requests the candidate must have answered in the window before it is judged; fewer: no data.",
+    )
+    failure_limit: int = Field(
+        default=1,
+        ge=1,
+        le=100,
+        description="Failed analyses of a step in a row before it rolls back: 1, the first failure; 2 lets one noisy "
+        "interval pass (a passed analysis starts the count again).",
     )
 
 

@@ -145,7 +145,7 @@ def written() -> dict[str, Any]:
     figures = TrackFigures(requests=100, failures=1, failure_ratio=0.01, mean_latency_ms=2.5)
     rollout = RolloutStatus(
         phase="Progressing", reason="StepStarted", message="step 2", stable="a1", candidate="b2", step=1, weight=25,
-        mirror_percent=10, header=True, split="gateway", step_started_at="2026-01-01T00:00:00Z",
+        mirror_percent=10, header=True, split="gateway", scaling_for=25, step_started_at="2026-01-01T00:00:00Z",
         changed_at="2026-01-01T00:00:00Z", stable_spec={},
         agreement=AgreementStatus(
             passed=True, samples=592, inputs="592 generated", seconds=0.8, false_refusal=0.0038,

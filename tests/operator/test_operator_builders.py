@@ -1007,6 +1007,12 @@ class TestRouting:
         draining = routing_for(self.state("RollingBack"), "gateway", GATEWAY, spec, None, 4)
         assert (draining.candidate_replicas, draining.traffic.weight) == (4, 0)
 
+    def test_the_next_steps_pods_start_before_its_traffic(self) -> None:
+        spec = parse_spec(raw_spec(replicas=10))
+        waiting = RolloutStatus(phase="Progressing", weight=5, scaling_for=50)
+        routing = routing_for(waiting, "gateway", GATEWAY, spec, None, None)
+        assert (routing.candidate_replicas, routing.traffic.weight) == (5, 5)
+
     def test_without_a_gateway_the_share_of_pods_behind_one_service(self) -> None:
         spec = parse_spec(raw_spec(replicas=4))
         split = routing_for(self.state("Progressing", 50), "replicas", None, spec, None, None)

@@ -62,10 +62,17 @@ def agreement(passed: bool) -> AgreementResult:
     return AgreementResult((policy, value), 591 if passed else 24, agreement_test(0.99, 0.01, 2, 5000), seconds=0.4)
 
 
+def agreed(spec: InferenceServiceSpec, state: RolloutStatus, now: float = T0) -> RolloutStatus:
+    """Past the agreement and the first step's pods: that step's traffic is applied."""
+    assert spec.rollout is not None
+    state = advance(state, spec.rollout, Observed(now, candidate_ready=True, agreement=agreement(True)), {})
+    return advance(state, spec.rollout, Observed(now + 2, candidate_ready=True), {})
+
+
 def at_step(step: int = 0, settled_at: float = T0) -> RolloutStatus:
     """The candidate past its agreement, at `step`, its traffic in effect since `settled_at`."""
     spec, state = started()
-    state = advance(state, spec.rollout, Observed(T0, candidate_ready=True, agreement=agreement(True)), {})
+    state = agreed(spec, state)
     for index in range(1, step + 1):
         state = state.model_copy(update={"step": index, "weight": ROLLOUT["steps"][index]})
     return state.model_copy(update={"step_started_at": timestamp(settled_at)})
@@ -157,11 +164,21 @@ class TestAgreementPhase:
         spec, state = started()
         assert advance(state, spec.rollout, Observed(T0 + 1), {}).phase == "Agreement"
 
-    def test_agreement_sends_the_first_steps_traffic(self) -> None:
+    def test_agreement_readies_the_first_steps_pods_then_sends_its_traffic(self) -> None:
         spec, state = started()
-        moved = advance(state, spec.rollout, Observed(T0 + 5, candidate_ready=True, agreement=agreement(True)), {})
-        assert (moved.phase, moved.step, moved.weight, moved.step_started_at) == ("Progressing", 0, 5, None)
-        assert moved.agreement is not None and moved.agreement.passed
+        assert spec.rollout is not None
+        agreed_ = advance(state, spec.rollout, Observed(T0 + 5, candidate_ready=True, agreement=agreement(True)), {})
+        assert (agreed_.phase, agreed_.reason, agreed_.weight, agreed_.scaling_for) == (
+            "Agreement", "CandidateScaling", 0, 5,
+        )  # fmt: skip
+        assert agreed_.message == "step 1 of 3 waits for the candidate's pods for 5% of requests to be Ready"
+        assert agreed_.agreement is not None and agreed_.agreement.passed
+        # Its pods for the step not all Ready: no traffic, and the check is not asked again.
+        assert advance(agreed_, spec.rollout, Observed(T0 + 7), {}) == agreed_
+        moved = advance(agreed_, spec.rollout, Observed(T0 + 9, candidate_ready=True), {})
+        assert (moved.phase, moved.step, moved.weight, moved.step_started_at, moved.scaling_for) == (
+            "Progressing", 0, 5, None, None,
+        )  # fmt: skip
 
     def test_disagreement_never_sends_a_request(self) -> None:
         spec, state = started()
@@ -179,7 +196,7 @@ class TestAgreementPhase:
             **ROLLOUT, "steps": [0, 100], "shadow": {"percent": 20}, "header": {"name": "x-ab", "value": "b"},
         }))  # fmt: skip
         state = decide(spec, revision_of(spec, IMAGE), started()[1], "gateway", T0)
-        moved = advance(state, spec.rollout, Observed(T0 + 5, candidate_ready=True, agreement=agreement(True)), {})
+        moved = agreed(spec, state, T0 + 5)
         assert (moved.weight, moved.mirror_percent, moved.header) == (0, 20, True)
 
 
@@ -198,9 +215,39 @@ class TestSteps:
         moved = advance(at_step(0), rollout_of(), Observed(T0 + 30, analysis=analysed("Passed", T0 + 30)), {})
         assert (moved.phase, moved.step, moved.weight) == ("Progressing", 0, 5)
 
-    def test_a_pass_at_the_steps_end_starts_the_next(self) -> None:
-        moved = advance(at_step(0), rollout_of(), Observed(T0 + 60, analysis=analysed("Passed", T0 + 60)), {})
-        assert (moved.phase, moved.step, moved.weight, moved.step_started_at) == ("Progressing", 1, 25, None)
+    def test_a_pass_at_the_steps_end_readies_the_next_steps_pods_then_starts_it(self) -> None:
+        waiting = advance(at_step(0), rollout_of(), Observed(T0 + 60, analysis=analysed("Passed", T0 + 60)), {})
+        assert (waiting.phase, waiting.reason, waiting.step, waiting.weight, waiting.scaling_for) == (
+            "Progressing", "CandidateScaling", 0, 5, 25,
+        )  # fmt: skip
+        assert "step 2 of 3 waits for the candidate's pods for 25% of requests" in waiting.message
+        moved = advance(waiting, rollout_of(), Observed(T0 + 62, candidate_ready=True), {})
+        assert (moved.phase, moved.step, moved.weight, moved.step_started_at, moved.scaling_for) == (
+            "Progressing", 1, 25, None, None,
+        )  # fmt: skip
+
+    def test_a_failure_limit_lets_failures_short_of_it_pass_in_a_row_only(self) -> None:
+        rollout = rollout_of(analysis={**ROLLOUT["analysis"], "failureLimit": 2})
+        once = advance(at_step(0), rollout, Observed(T0 + 10, analysis=analysed("Failed", T0 + 10)), {})
+        assert (once.phase, once.reason, once.weight) == ("Progressing", "AnalysisFailing", 5)
+        assert once.message.startswith("1 of 2 failed analyses in a row allowed before a rollback")
+        passed = advance(once, rollout, Observed(T0 + 20, analysis=analysed("Passed", T0 + 20)), {})
+        again = advance(passed, rollout, Observed(T0 + 30, analysis=analysed("Failed", T0 + 30)), {})
+        assert again.phase == "Progressing"  # the pass in between started the count again
+        twice = advance(again, rollout, Observed(T0 + 40, analysis=analysed("Failed", T0 + 40)), {})
+        assert (twice.phase, twice.reason, twice.weight) == ("RollingBack", "AnalysisFailed", 0)
+        assert twice.analysis is not None and twice.analysis.failures_in_a_row == 2
+
+    def test_while_the_next_steps_pods_start_the_step_is_still_judged(self) -> None:
+        waiting = advance(at_step(0), rollout_of(), Observed(T0 + 60, analysis=analysed("Passed", T0 + 60)), {})
+        failed = advance(waiting, rollout_of(), Observed(T0 + 70, analysis=analysed("Failed", T0 + 70)), {})
+        assert (failed.phase, failed.weight, failed.scaling_for) == ("RollingBack", 0, None)
+
+    def test_split_by_replicas_the_pods_come_with_the_step(self) -> None:
+        spec, state = started("replicas")
+        assert spec.rollout is not None
+        moved = advance(state, spec.rollout, Observed(T0 + 5, candidate_ready=True, agreement=agreement(True)), {})
+        assert (moved.phase, moved.step, moved.weight, moved.scaling_for) == ("Progressing", 0, 5, None)
 
     def test_the_last_step_passed_promotes(self) -> None:
         moved = advance(at_step(2), rollout_of(), Observed(T0 + 60, analysis=analysed("Passed", T0 + 60, 2)), {})
@@ -304,6 +351,7 @@ class TestReplicas:
         assert replica_split(total, weight) == split
 
     def test_a_gateways_candidate_gets_its_share_rounded_up(self) -> None:
+        assert canary_replicas(4, 50, 0, False) == 2
         assert canary_replicas(10, 5, 0, False) == 1
         assert canary_replicas(10, 25, 0, False) == 3
         assert canary_replicas(10, 0, 20, True) == 2
