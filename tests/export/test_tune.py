@@ -287,8 +287,8 @@ class TestTuneOnTriton:
         )  # fmt: skip
         log = tmp_path / "trials.jsonl"
         wait_for(lambda: log.exists() and log.read_text().count("\n") >= 1, 120, "a first trial")
-        first = trial_servers()
-        wait_for(lambda: trial_servers() - first, 120, "the next trial's server")  # stopped inside a trial
+        first = trial_servers(process.pid)
+        following = wait_for(lambda: trial_servers(process.pid) - first, 120, "the next trial's server")
         process.send_signal(stop)
         stdout, stderr = process.communicate(timeout=60)
         assert process.returncode == 130, stderr
@@ -297,10 +297,10 @@ class TestTuneOnTriton:
         kept = log.read_text().splitlines()
         assert kept and all(json.loads(line)["throughput"] > 0 for line in kept)
         assert (tmp_path / "pareto.png").exists()
-        assert not trial_servers()
+        assert not [pid for pid in first | following if Path(f"/proc/{pid}").exists()]  # no server outlives tune
 
 
-def trial_servers() -> set[str]:
-    """The pids of the tritonservers tune's trials run (their repositories are its temporary folders)."""
-    found = subprocess.run(["pgrep", "-f", "model-repository=.*inferop-tune-"], capture_output=True, text=True)
+def trial_servers(tune: int) -> set[str]:
+    """The pids of the tritonservers that the `inferop tune` process `tune` runs for its trials (its children)."""
+    found = subprocess.run(["pgrep", "-P", str(tune), "tritonserver"], capture_output=True, text=True)
     return set(found.stdout.split())

@@ -36,10 +36,16 @@ def successes(prometheus: Prometheus) -> float:
     return found[0].value if found else 0.0
 
 
-def scraped_since(prometheus: Prometheus, moment: float) -> bool:
-    """Whether Prometheus holds a sample of Triton's counters scraped after `moment` (seconds since the epoch)."""
-    found = prometheus.query('max(timestamp(nv_inference_request_success{model="conv_net",namespace="models"}))')
-    return bool(found) and found[0].value > moment
+SUCCESS = 'nv_inference_request_success{model="conv_net",namespace="models"}'
+
+
+def window_covered(prometheus: Prometheus, moment: float) -> bool:
+    """Whether Prometheus holds a sample of Triton's counters scraped after `moment` (seconds since the epoch), and
+    twelve or more in the minute the test reads: increase() extrapolates a series to the window's edges by up to 1.1
+    of its mean interval on each side, so a series sampled twelve times reads at most 20% high."""
+    latest = prometheus.query(f"max(timestamp({SUCCESS}))")
+    samples = prometheus.query(f"max(count_over_time({SUCCESS}[60s]))")
+    return bool(latest and samples) and latest[0].value > moment and samples[0].value >= 12
 
 
 def test_one_tracks_requests_failures_and_time_over_a_window(triton: RunningServer, prometheus: Prometheus) -> None:
@@ -60,8 +66,7 @@ def test_one_tracks_requests_failures_and_time_over_a_window(triton: RunningServ
         client.close()
     answered = time.time()
     wait_for(lambda: successes(prometheus) >= before + 30, timeout=20, what="the requests in Prometheus")
-    # increase() needs the counters from a scrape that began after the last request
-    wait_for(lambda: scraped_since(prometheus, answered), timeout=20, what="a scrape after the last request")
+    wait_for(lambda: window_covered(prometheus, answered), timeout=60, what="a scrape after the last request")
     figures = track_window(prometheus.url, "models", "conv-net", "conv_net", "candidate", 60)
     # increase() extrapolates to the window's edges: the counts are near, not exact
     assert figures.requests == pytest.approx(33, rel=0.35)
