@@ -90,7 +90,7 @@ def routing_for(
         elif phase == "Promoting":
             candidate = max(stable, 1)
         else:  # the current step's share, or the next step's while its pods start
-            share = max(weight, state.scaling_for or 0) if state.candidate_wanted else weight
+            share = max(weight, state.scaling_for or 0)
             candidate = canary_replicas(stable, share, traffic.mirror_percent, traffic.header)
         return Routing(traffic, gateway, None, candidate)
     if phase in ("Progressing", "Paused") and weight > 0:

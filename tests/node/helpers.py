@@ -77,13 +77,10 @@ class Cluster:
         found: dict[str, Any] = json.loads(self.run("get", "pod", name, "-o", "json"))
         return found
 
-    def netns_command(self, *argv: str) -> list[str]:
-        """`argv` run in the node's network namespace, where the pods' addresses are routed."""
-        return ["ip", "netns", "exec", NodeSite.of(self.state_dir).netns, *argv]
-
     def run_in_node(self, *argv: str, timeout: float = 60) -> str:
         """`argv`'s output, run in the node's network namespace (a caller of a pod's address)."""
-        result = subprocess.run(self.netns_command(*argv), capture_output=True, text=True, timeout=timeout, check=False)
+        argv_in_node = NodeSite.of(self.state_dir).in_network(*argv)
+        result = subprocess.run(argv_in_node, capture_output=True, text=True, timeout=timeout, check=False)
         if result.returncode != 0:
             pytest.fail(f"{' '.join(argv)} in the node's network: {result.stderr}")
         return result.stdout

@@ -395,8 +395,8 @@ def test_a_stalled_model_is_restarted_by_the_kubelet_running_the_rendered_probe(
         name, address = pod["metadata"]["name"], pod["status"]["podIP"]
         dims = manifest["spec"]["model"]["inputs"][0]["dims"]
         callers = subprocess.Popen(
-            kube.netns_command(sys.executable, "-c", CALLERS,
-                               f"{address}:8000", "conv_net", json.dumps(dims), "10", "60", "5"),
+            NodeSite.of(kube.state_dir).in_network(sys.executable, "-c", CALLERS,
+                                                  f"{address}:8000", "conv_net", json.dumps(dims), "10", "60", "5"),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         time.sleep(8)  # healthy traffic first, as in the hang drill

@@ -101,6 +101,10 @@ class NodeSite:
     def netns(self) -> str:
         return f"inferop-{self.key}"
 
+    def in_network(self, *argv: str) -> list[str]:
+        """`argv` run in the node's network namespace, where the pods' addresses are routed."""
+        return ["ip", "netns", "exec", self.netns, *argv]
+
     @property
     def host_link(self) -> str:
         """The host's end of the veth (at most 15 characters); the node's end is eth0 in `netns`."""
@@ -513,7 +517,7 @@ class Node:
         for argv in network_commands(site):
             _run(argv, "the node's network")
         for key, value in NODE_SYSCTLS.items():
-            _run(["ip", "netns", "exec", site.netns, "sysctl", "-q", "-w", f"{key}={value}"], "the node's network")
+            _run(site.in_network("sysctl", "-q", "-w", f"{key}={value}"), "the node's network")
 
     def up(self, server: str, kubeconfig_path: Path, timeout: float = 120.0) -> dict[str, float]:
         """Start the node against the apiserver at `server` (its link made by `link_up`): containerd, the images,

@@ -70,7 +70,7 @@ def run_cpu_share(root: Path, quick: bool) -> dict[str, Any]:
     exported["spec"]["model"]["storageUri"] = f"hostpath://{repo / MODEL}"
     runs = []
     with DrillCluster(root, node=True) as cluster, operator_running(cluster, root / "operator.log"):
-        netns = NodeSite.of(cluster.plane.layout.root).netns
+        site = NodeSite.of(cluster.plane.layout.root)
         for cpus in CPUS:
             name = f"cpu-{cpus}"
             manifest = at_cpus(exported, name, cpus)
@@ -81,9 +81,9 @@ def run_cpu_share(root: Path, quick: bool) -> dict[str, Any]:
             pod, address = found[0]["metadata"]["name"], found[0]["status"]["podIP"]
             before, busy_before = cgroup_reading(cluster, pod), busy_cpu_seconds()
             bench = subprocess.run(
-                ["ip", "netns", "exec", netns, sys.executable, "-m", "inferop_core.cli", "bench", "--url",
-                 f"{address}:8000", "--model", MODEL, "--concurrency", str(CONCURRENCY), "--seconds", str(seconds),
-                 "--json"],
+                site.in_network(sys.executable, "-m", "inferop_core.cli", "bench", "--url", f"{address}:8000",
+                                "--model", MODEL, "--concurrency", str(CONCURRENCY), "--seconds", str(seconds),
+                                "--json"),
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
             after, busy = cgroup_reading(cluster, pod), busy_cpu_seconds() - busy_before

@@ -560,20 +560,7 @@ class Drill:
             "storageUri": f"hostpath://{self.models.other}",
             "weights": "random (seed 7)",
         }
-        run = self.roll("wrong", {"model": other})
-        checked = run.final.get("agreement") or {}
-        # The check's requests: its inputs, batch by batch, as many as its sequential test needed.
-        agreement = math.ceil(checked.get("samples", 0) / self.models.spec["batching"]["maxBatchSize"])
-        live = run.observer.received("canary") - agreement
-        return run.report(
-            candidate_live_requests=live,
-            agreement_inputs=checked.get("samples"),
-            goals=goals(
-                ("refused by the agreement check", run.rolled_back_by("Disagrees")),
-                ("never receives a live request", live == 0),
-                ("no caller fails", run.callers["failed"] == 0),
-            ),
-        )
+        return self.refused("wrong", other)
 
     def near(self) -> dict[str, Any]:
         nudged = {
@@ -581,13 +568,19 @@ class Drill:
             "storageUri": f"hostpath://{self.models.near}",
             "weights": f"random (seed 0), policy nudged to {NEAR_AGREEMENT} agreement",
         }
-        run = self.roll("near", {"model": nudged})
+        return self.refused("near", nudged, measured_agreement=round(self.models.near_agreement, 4))
+
+    def refused(self, name: str, model: dict[str, Any], **figures: Any) -> dict[str, Any]:
+        """A candidate the agreement check must refuse: rolled back with the policy's bound in its reason, no live
+        request reaching it, no caller failing."""
+        run = self.roll(name, {"model": model})
         checked = run.final.get("agreement") or {}
-        agreement = math.ceil(checked.get("samples", 0) / self.models.spec["batching"]["maxBatchSize"])
-        live = run.observer.received("canary") - agreement
+        # The check's requests: its inputs, batch by batch, as many as its sequential test needed.
+        requests = math.ceil(checked.get("samples", 0) / self.models.spec["batching"]["maxBatchSize"])
+        live = run.observer.received("canary") - requests
         policy: dict[str, Any] = next((o for o in checked.get("outputs", []) if o["name"] == "policy"), {})
         return run.report(
-            measured_agreement=round(self.models.near_agreement, 4),
+            **figures,
             agreement_inputs=checked.get("samples"),
             policy=policy,
             candidate_live_requests=live,
