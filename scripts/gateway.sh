@@ -10,7 +10,9 @@
 # the EnvoyProxy CRD is too large for client-side apply's annotation):
 #   gateway-api/    sigs.k8s.io/gateway-api's standard channel, at the version Envoy Gateway is compiled against
 #                   (its go.mod), so the schemas match the Go types it decodes;
-#   envoy-gateway/  Envoy Gateway's own gateway.envoyproxy.io CRDs (EnvoyProxy, BackendTrafficPolicy...).
+#   envoy-gateway/  Envoy Gateway's own gateway.envoyproxy.io CRDs (EnvoyProxy, BackendTrafficPolicy...);
+# and in ../chart/gateway-helm, Envoy Gateway's Helm chart from the same module, with the values.yaml its release
+# writes from values.tmpl.yaml (the release's image, IfNotPresent), which installs it on the local node.
 # Envoy Gateway looks up every optional kind (TCPRoute, TLSRoute, ListenerSet, its own policies...) before watching
 # it, so the standard channel is enough; weights, header matches and RequestMirror with percent are all standard.
 #
@@ -30,10 +32,12 @@ set -euo pipefail
 ENVOY_GATEWAY_VERSION=v1.9.1
 ENVOY_VERSION=1.39.1
 GATEWAY_API_CHANNEL=standard
-NEEDED=(envoy envoy-gateway)
-SCRIPT=gateway
 CACHE="${INFEROP_CACHE:-$HOME/.cache/inferop}/gateway"
 CRDS="$CACHE/crds"
+CHART="$CACHE/chart/gateway-helm"
+# The chart's directory counts as built like the binaries (relative to the bin directory).
+NEEDED=(envoy envoy-gateway ../chart/gateway-helm)
+SCRIPT=gateway
 WHAT="Envoy Gateway $ENVOY_GATEWAY_VERSION and Envoy $ENVOY_VERSION"
 BUILD_TIME="7 to 10 minutes on 2 cores"
 PYTHON=${PYTHON:-python3}
@@ -75,6 +79,25 @@ copy_crds() {
         "files), Envoy Gateway $(find "$CRDS/envoy-gateway" -name '*.yaml' | wc -l) files, in $CRDS"
 }
 
+# The chart as the release publishes it: its version and image are the release's, its CRDs applied apart.
+copy_chart() {
+    [[ -d $CHART ]] && return
+    local source=${1:-}
+    [[ -n $source ]] || source=$(go mod download -json "github.com/envoyproxy/gateway@$ENVOY_GATEWAY_VERSION" |
+        awk -F'"' '$2 == "Dir" { print $4 }')
+    [[ -f $source/charts/gateway-helm/values.tmpl.yaml ]] || die "no Helm chart in $source/charts/gateway-helm"
+    rm -rf "$CHART.tmp"
+    mkdir -p "$(dirname "$CHART")"
+    cp -r "$source/charts/gateway-helm" "$CHART.tmp"
+    chmod -R u+w "$CHART.tmp"
+    sed -e "s|\${GatewayImage}|docker.io/envoyproxy/gateway:$ENVOY_GATEWAY_VERSION|" \
+        -e "s|\${GatewayImagePullPolicy}|IfNotPresent|" "$CHART.tmp/values.tmpl.yaml" >"$CHART.tmp/values.yaml"
+    sed -i -e "s|^version: .*|version: $ENVOY_GATEWAY_VERSION|" \
+        -e "s|^appVersion: .*|appVersion: \"$ENVOY_GATEWAY_VERSION\"|" "$CHART.tmp/Chart.yaml"
+    mv "$CHART.tmp" "$CHART"
+    log "Envoy Gateway's Helm chart $ENVOY_GATEWAY_VERSION in $CHART"
+}
+
 # Wrapper module, module graph, build at the lowest priority (the machine is shared with test suites). The
 # binary moves in last, so its presence means the CRDs are there too.
 build_envoy_gateway() {
@@ -97,6 +120,7 @@ build_envoy_gateway() {
     log "building envoy-gateway ($(go version | cut -d' ' -f3))"
     (cd "$wrapper" && nice -n 19 go build -trimpath -ldflags="$ldflags" -o "$BIN/.envoy-gateway.tmp" "$package" >&2)
     copy_crds "$source" "$wrapper"
+    copy_chart "$source"
     mv "$BIN/.envoy-gateway.tmp" "$BIN/envoy-gateway"
     log "built envoy-gateway $ENVOY_GATEWAY_VERSION in $((SECONDS - start)) s: $(($(downloaded_kib) - before)) KiB" \
         "newly downloaded, binary $(du -h "$BIN/envoy-gateway" | cut -f1)"
@@ -104,4 +128,5 @@ build_envoy_gateway() {
 
 install_envoy
 build_envoy_gateway
+copy_chart
 go_cache_finish

@@ -111,8 +111,8 @@ def config(
     jobs: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """prometheus.yml: one job, of static `targets` and, with `file_sd`, the targets that file lists (re-read
-    when it changes), then `jobs` as they are. `labels` go on every static series, as a PodMonitor's
-    relabelling would put namespace and pod there."""
+    when it changes), unless there are neither, then `jobs` as they are. `labels` go on every static series, as a
+    PodMonitor's relabelling would put namespace and pod there."""
     static: dict[str, Any] = {"targets": list(targets)}
     if labels:
         static["labels"] = dict(labels)
@@ -122,7 +122,7 @@ def config(
     return {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
         "rule_files": [str(path) for path in rule_paths],
-        "scrape_configs": [job_config, *map(dict, jobs)],
+        "scrape_configs": [*([job_config] if targets or file_sd else []), *map(dict, jobs)],
     }
 
 

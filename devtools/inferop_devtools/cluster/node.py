@@ -19,6 +19,7 @@ The builders at the top are pure (configs, command lines, the CNI network); `Nod
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import ipaddress
 import json
@@ -26,7 +27,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,7 @@ CONTAINERD = Path("/usr/bin/containerd")
 CTR = Path("/usr/bin/ctr")
 CNI_BIN_DIR = Path("/usr/lib/cni")
 DAEMONS = ("containerd", "kubelet", "kube-proxy", "coredns")
+CLONE_NEWNET = 0x40000000  # <sched.h>: setns(2)'s type of a network namespace
 # The cgroup v1 hierarchies the kubelet needs for pods' limits and accounting.
 REQUIRED_CONTROLLERS = frozenset({"cpu", "cpuacct", "cpuset", "memory", "pids"})
 CLUSTER_DOMAIN = "cluster.local"
@@ -104,6 +106,44 @@ class NodeSite:
     def in_network(self, *argv: str) -> list[str]:
         """`argv` run in the node's network namespace, where the pods' addresses are routed."""
         return ["ip", "netns", "exec", self.netns, *argv]
+
+    @contextlib.contextmanager
+    def network(self) -> Iterator[None]:
+        """The calling thread, and what it starts meanwhile, in the node's network namespace, as a host-network
+        process of the node: pod and Service addresses route there, the apiserver is across the link. Threads
+        started before stay outside (enter it first); it goes back to its own namespace on leaving, where the node's
+        link can be removed."""
+        libc = ctypes.CDLL(None, use_errno=True)
+
+        def join(path: Path, what: str) -> None:
+            with path.open() as handle:
+                if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
+                    raise NodeError(f"cannot enter {what}: {os.strerror(ctypes.get_errno())}")
+
+        with Path("/proc/thread-self/ns/net").open() as own:
+            join(Path("/run/netns") / self.netns, f"the node's network {self.netns}")
+            try:
+                yield
+            finally:
+                join(Path(f"/proc/self/fd/{own.fileno()}"), "this process's network again")
+
+    def pin_pod(self, uid: str, cpus: str) -> bool:
+        """Hold pod `uid` (its containers and whatever runs in them later, exec probes too) to `cpus` (a CPU list,
+        e.g. "1"), through the cpuset cgroups the kubelet made for it under the node's root (cgroupfs:
+        kubepods[/<QoS class>]/pod<uid>/<container>); False while it has none. A child's CPUs must lie within its
+        parent's: the pod's are widened to the node's first, then its containers' set, then its own."""
+        (hierarchy,) = (h for h in cgroup_hierarchies() if h.name == "cpuset")
+        root = hierarchy / self.cgroup_root
+        pods = list(root.glob(f"kubepods/**/pod{uid}"))
+        if not pods:
+            return False
+        every = (root / "cpuset.cpus").read_text().strip()
+        for pod in pods:
+            (pod / "cpuset.cpus").write_text(every)
+            for container in (child for child in pod.iterdir() if child.is_dir()):
+                (container / "cpuset.cpus").write_text(cpus)
+            (pod / "cpuset.cpus").write_text(cpus)
+        return True
 
     @property
     def host_link(self) -> str:

@@ -3,13 +3,15 @@ traffic flows through Envoy, and the drill measures what callers got at every mo
 
     python -m inferop_devtools.drills.rollout [--quick] [--scenarios good,failing,...] [--json PATH]
 
-It moves itself into a private network namespace first (root): the control plane, kwok, Envoy Gateway, Envoy,
-the operator, Prometheus, one real tritonserver per Triton pod and the load all run there (gateway.plane), and
-nothing outside is touched. Candidates, each a change of a service serving a small policy/value net:
+It runs on the local cluster's real node (gateway.plane, root): Envoy Gateway, its Envoy and the operator's Triton
+pods are pods of the node, and the drill itself, the operator, Prometheus and the load run in the node's network.
+Each track's pods are pinned to a CPU of their own, as pods on nodes of their own. Candidates, each a change of a
+service serving a small policy/value net:
 
     good      the same model file with a better serving config (no queue delay): promoted; the chart's dashboard
               (its Triton and gateway panels) read mid-rollout at the step where both tracks serve
-    slow      a build three times slower (model.py's INFEROP_FAULT_SLOWDOWN), same answers: rolled back
+    slow      a build three times slower (INFEROP_FAULT_SLOWDOWN in spec.runtime.env, which the image's model
+              reads), same answers: rolled back
     failing   a build that errors on boards holding 0.5 (INFEROP_FAULT_FAIL_VALUE), which the held-out boards
               never hold and a tenth of live requests do: rolled back
     wrong     other weights (another seed): fast, no errors, different answers: never gets a live request
@@ -52,7 +54,6 @@ from inferop_devtools.gateway.plane import (
     SCRAPE_SECONDS,
     GatewayPlane,
     conditions,
-    pod_cidr,
     wait_for,
 )
 from inferop_operator.analysis import series_label
@@ -109,32 +110,9 @@ def track_cpu(component: str) -> int | None:
     return cpus[-1] if component == COMPONENTS["stable"] else cpus[0]
 
 
-def cpuset(pod: dict[str, Any]) -> str | None:
-    cpu = track_cpu(pod["metadata"]["labels"].get(COMPONENT, ""))
-    return None if cpu is None else str(cpu)
-
-
-def pin(pids: list[str], cpus: str) -> None:
-    """Every thread of each process on `cpus` (a CPU list, e.g. "1" or "0,1")."""
-    for pid in pids:
-        subprocess.run(["taskset", "--all-tasks", "-p", "-c", cpus, pid], check=True, capture_output=True)
-
-
-def comm(pid: str) -> str:
-    """A process's command name, or "" once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def faults(config: str) -> dict[str, str]:
-    """A Triton pod's fault environment, from the weights its config records (parameter inferop_weights)."""
-    if "drill: slow" in config:
-        return {"INFEROP_FAULT_SLOWDOWN": "3"}
-    if "drill: fails" in config:
-        return {"INFEROP_FAULT_FAIL_VALUE": str(FAIL_VALUE)}
-    return {}
+def fault(name: str, value: object) -> dict[str, Any]:
+    """The serving container's environment with one of the faults the image's model reads (inferop.serving.model)."""
+    return {"runtime": {"env": [{"name": name, "value": str(value)}]}}
 
 
 @dataclass
@@ -210,7 +188,8 @@ def manifest(name: str, models: Models, settings: Settings, rollout: dict[str, A
     spec["model"]["weights"] = "random (seed 0)"
     spec.update(
         replicas=settings.replicas,
-        resources={"limits": {"cpu": "1", "memory": "1Gi"}},
+        # Both tracks' pods and the gateway's fit the node's CPUs by their requests; each may use a whole CPU.
+        resources={"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
         threads={"intraOp": 1},
         gateway={"name": GATEWAY, "hostnames": [host(name)]},
         rollout=rollout,
@@ -228,13 +207,15 @@ def host(name: str) -> str:
 @dataclass
 class Observer:
     """The service's rollout state and its pods' request counts, sampled on a thread: transitions with their
-    times, and every pod's last counts (a candidate's pods and their counters go when it ends)."""
+    times, and every pod's last counts (a candidate's pods and their counters go when it ends). Each pod's processes
+    are pinned to its track's CPU when first seen (track_cpu)."""
 
     plane: GatewayPlane
     name: str
     transitions: list[dict[str, Any]] = field(default_factory=list)
     counts: dict[str, dict[str, float]] = field(default_factory=dict)
     components: dict[str, str] = field(default_factory=dict)
+    pinned: set[str] = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def state(self) -> dict[str, Any]:
@@ -246,10 +227,19 @@ class Observer:
         seen["stepStartedAt"] = rollout.get("stepStartedAt")
         if not self.transitions or {k: v for k, v in self.transitions[-1].items() if k != "at"} != seen:
             self.transitions.append({"at": time.monotonic(), **seen})
-        for pod, found in self.plane.pods.counts(MODEL).items():
-            if self.plane.pods.pods.get(pod, {}).get("metadata", {}).get("labels", {}).get(INSTANCE) == self.name:
-                self.counts[pod] = found
-                self.components[pod] = self.plane.pods.component(pod)
+        pods = self.plane.triton_pods(self.name)
+        for pod in pods:
+            name, component = pod["metadata"]["name"], pod["metadata"]["labels"][COMPONENT]
+            self.components[name] = component
+            if name not in self.pinned and conditions(pod).get("Ready") == "True":
+                self.pin(pod, component)
+        self.counts.update(self.plane.counts(MODEL, pods))
+
+    def pin(self, pod: dict[str, Any], component: str) -> None:
+        """The pod on its track's CPU: every process it runs, the kubelet's exec probes too."""
+        cpu, node = track_cpu(component), self.plane.drill.node
+        if cpu is not None and node is not None and node.site.pin_pod(pod["metadata"]["uid"], str(cpu)):
+            self.pinned.add(pod["metadata"]["name"])
 
     def run(self) -> Observer:
         def loop() -> None:
@@ -367,11 +357,7 @@ class Drill:
             wait_for(lambda: not self.pods_of(name), f"{name}'s pods gone", 60)
 
     def pods_of(self, name: str) -> list[str]:
-        return [
-            pod
-            for pod, found in self.plane.pods.running_pods().items()
-            if found["metadata"]["labels"].get(INSTANCE) == name
-        ]
+        return [pod["metadata"]["name"] for pod in self.plane.triton_pods(name)]
 
     def _answers(self, probe: Traffic) -> bool:
         probe.start()
@@ -527,7 +513,8 @@ class Drill:
         )
 
     def slow(self) -> dict[str, Any]:
-        run = self.roll("slow", self.model_with(weights="random (seed 0), drill: slow build"))
+        slow = {**self.model_with(weights="random (seed 0), slow build"), **fault("INFEROP_FAULT_SLOWDOWN", 3)}
+        run = self.roll("slow", slow)
         took = run.exposed_to_rollback()
         limit = self.settings.interval_seconds + 2 * TICK_SECONDS
         return run.report(
@@ -542,7 +529,8 @@ class Drill:
         )
 
     def failing(self) -> dict[str, Any]:
-        run = self.roll("failing", self.model_with(weights="random (seed 0), drill: fails on 0.5"))
+        failing = self.model_with(weights="random (seed 0), fails on 0.5")
+        run = self.roll("failing", {**failing, **fault("INFEROP_FAULT_FAIL_VALUE", FAIL_VALUE)})
         failed = run.callers["failed"]
         weight = max((t["weight"] or 0 for t in run.observer.transitions), default=0)
         bound = 2 * weight / 100 * self.settings.interval_seconds * self.settings.rate
@@ -625,17 +613,17 @@ class Drill:
         """Envoy and the callers on the stable track's CPU, away from the candidate's: on a cluster the candidate's
         pods run on nodes of their own, and the gateway in front of every caller runs beside neither (otherwise here
         the gateway and the callers share a CPU with the candidate's work on the mirrored copies)."""
-        stable = track_cpu(COMPONENTS["stable"])
-        envoys = [pid for pid in os.listdir("/proc") if pid.isdigit() and comm(pid) == "envoy"]
-        if stable is None or not envoys:
-            raise RuntimeError(f"no CPU of the stable track's ({stable}) or no Envoy process ({envoys})")
-        pin(envoys, str(stable))
+        stable, node = track_cpu(COMPONENTS["stable"]), self.plane.drill.node
+        if stable is None or node is None:
+            raise RuntimeError(f"no CPU of the stable track's ({stable}) or no node")
+        envoy = self.plane.envoy_pod()["metadata"]["uid"]
+        node.site.pin_pod(envoy, str(stable))
         self.callers_cpus = frozenset({stable})
         try:
             yield
         finally:
             self.callers_cpus = None
-            pin(envoys, ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+            node.site.pin_pod(envoy, ",".join(map(str, sorted(os.sched_getaffinity(0)))))
 
     def burst(self, name: str, mix: Mix, seconds: float) -> list[Sent]:
         """Traffic for `seconds`, then until every answer is in."""
@@ -913,7 +901,7 @@ def run(workdir: Path, quick: bool, chosen: list[str]) -> dict[str, Any]:
     models = export_models(workdir)
     env = {"INFEROP_ROLLOUT_TICK_SECONDS": str(TICK_SECONDS)}
     results: dict[str, Any] = {"settings": settings.__dict__, "scenarios": {}}
-    with GatewayPlane(workdir / "plane", env, faults, cpuset) as plane:
+    with GatewayPlane(workdir / "plane", env) as plane:
         drill = Drill(plane, models, settings)
         for name in chosen:
             log.info("scenario %s", name)
@@ -926,8 +914,6 @@ def run(workdir: Path, quick: bool, chosen: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from inferop_devtools.gateway.namespaces import enter_private_network
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="two steps of 15 s (make test's size)")
     add_subset_option(parser, "--scenarios", SCENARIOS)
@@ -936,7 +922,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     chosen: list[str] = args.scenarios
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    enter_private_network([pod_cidr()])  # first, before any thread: everything below lives in it
     with tempfile.TemporaryDirectory(prefix="inferop-rollout-") as temporary:
         workdir = args.workdir or Path(temporary)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -953,8 +938,7 @@ if __name__ == "__main__":
 
 
 def run_rollout_drill(root: Path, quick: bool) -> dict[str, Any]:
-    """The drill as its own process (it enters a network namespace of its own, which this process must not)."""
-    import subprocess
+    """The drill as its own process (it enters the node's network namespace, which this process must not)."""
 
     figures = root / "rollout.json"
     argv = [sys.executable, "-m", __name__, f"--json={figures}", f"--workdir={root / 'work'}"]

@@ -1,14 +1,18 @@
-"""A whole serving cluster on one machine for rollouts: the operator under test, driving a real data plane.
+"""A whole serving cluster on the local node for rollouts: the operator under test, driving a real data plane.
 
-    kube-apiserver 1.37 (+ etcd, controller-manager, scheduler) with the CRDs, kwok for the nodes
-    the operator, as its own process, with a Prometheus URL
-    Envoy Gateway and its Envoy (envoygateway, kubelet), one Gateway `inference` in namespace `models`
-    the operator's Triton pods, each a real tritonserver at its pod IP (tritonpods)
-    Prometheus scraping each Triton pod with the labels the chart's PodMonitor gives it, and Envoy's stats
+    kube-apiserver 1.37 (+ etcd, controller-manager, scheduler) and one real node: containerd, the kubelet,
+        kube-proxy and CoreDNS, as `inferop cluster up` starts them (cluster.node)
+    Envoy Gateway, installed with its own Helm chart (envoygateway), and the Envoy it deploys for one Gateway
+        `inference` in namespace `models`: pods of the node, of the local images
+    the operator, as its own process, with a Prometheus URL; its Triton pods, pods of the node that serve what it
+        rendered (the local Triton image)
+    Prometheus scraping the Triton pods as the chart's PodMonitor selects and labels them, and Envoy's pods as
+        Envoy Gateway's docs have them scraped (gateway.discovery)
 
-Everything runs in the caller's network namespace, which must be private with kwok's pod range local
-(namespaces.enter_private_network, `pod_cidr`): call that first. Needs root, and scripts/kube-current.sh,
-kube-addons.sh, gateway.sh and prometheus.sh built.
+The calling process enters the node's network namespace once the node is up, as a host-network process of the
+node would run: the operator and Prometheus that it starts run there too, and its callers reach the Gateway's
+Service and the pods' addresses. Needs root, and scripts/kube-current.sh, kube-node.sh, kube-addons.sh, gateway.sh
+and prometheus.sh built.
 """
 
 from __future__ import annotations
@@ -16,64 +20,81 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
+import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from inferop_devtools.cluster.addons import Kwok, addon_binaries
-from inferop_devtools.cluster.controlplane import KUBERNETES_1_37, ClusterError, http_get, kube_binaries
+from inferop.serving.tritonserver import model_metrics
+from inferop_devtools.cluster.controlplane import ClusterError, http_get
+from inferop_devtools.cluster.images import Images
+from inferop_devtools.cluster.local_images import envoy_gateway_image, envoy_image, images_cache
+from inferop_devtools.cluster.node import CTR, NODE_SCRIPT
+from inferop_devtools.cluster.tools import built
 from inferop_devtools.drills.harness import DrillCluster, OperatorProcess
-from inferop_devtools.gateway.envoygateway import (
-    CONTROLLER_NAME,
-    ENVOY_ADMIN_PORT,
-    NAMESPACE,
-    XDS_HOST,
-    EnvoyGateway,
-    cluster_dns_hosts,
-    gateway_binaries,
+from inferop_devtools.gateway.discovery import PodDiscovery, PodMonitor
+from inferop_devtools.gateway.envoygateway import CONTROLLER_NAME, NAMESPACE, EnvoyGateway, gateway_binaries
+from inferop_devtools.prometheus import CHART_JOB, Prometheus
+from inferop_operator.identity import (
+    API_VERSION,
+    COMPONENT,
+    COMPONENTS,
+    GROUP,
+    INSTANCE,
+    KIND,
+    MANAGED,
+    PLURAL,
+    VERSION,
+    label_selector,
 )
-from inferop_devtools.gateway.kubelet import Json, PodContainer
-from inferop_devtools.gateway.tritonpods import TritonPods, played_stages
-from inferop_devtools.prometheus import Prometheus
-from inferop_operator.identity import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
+Json = dict[str, Any]
 GATEWAY_API = "gateway.networking.k8s.io/v1"
 MODELS = "models"  # the namespace of the services and of their Gateway
 GATEWAY = "inference"
-LISTENER_PORT = 80  # the Gateway's listener; Envoy Gateway binds Envoy to 10080 for it
+LISTENER_PORT = 80  # the Gateway's listener, the port of the Service in front of its Envoy
 FIELD_MANAGER = "inferop-drill"
-
-
-# The pod IPs kwok hands out here: not loopback, which EndpointSlices refuse (and Envoy would find no endpoint),
-# made local by `enter_private_network` inside the drill's own network namespace.
-POD_CIDR = "10.0.0.1/24"
 SCRAPE_SECONDS = 1  # Prometheus' scrape interval: a rollout's quick steps last seconds
+# Envoy's admin port in the bootstrap Envoy Gateway renders, on 127.0.0.1 of its pod: stats, clusters, config_dump.
+ENVOY_ADMIN_PORT = 19000
+# The labels Envoy Gateway puts on the Envoy of a Gateway.
+OWNER = "gateway.envoyproxy.io/owning-gateway"
+ENVOY_LABELS = {f"{OWNER}-name": GATEWAY, f"{OWNER}-namespace": MODELS}
+ENVOY_SELECTOR = label_selector(ENVOY_LABELS)
+# Triton's counters of a model that the drills read off each pod.
+COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_request_duration_us")
 
 
-def pod_cidr() -> str:
-    """The range `enter_private_network` must make local."""
-    return POD_CIDR
+# The chart's PodMonitor of the Triton pods (charts/inferop/templates/monitoring.yaml): every namespace, the pods
+# of either track, their service and track as labels, under the job its rules select.
+TRITON_PODS = PodMonitor(
+    CHART_JOB,
+    {**{key: [value] for key, value in MANAGED.items()}, COMPONENT: sorted(COMPONENTS.values())},
+    "metrics",
+    [INSTANCE, COMPONENT],
+)
+# Envoy's Prometheus stats, as Envoy Gateway's docs have a PodMonitor scrape its proxies.
+ENVOY_STATS = PodMonitor(
+    "envoy", {k: [v] for k, v in ENVOY_LABELS.items()}, "metrics", path="/stats/prometheus", namespaces=[NAMESPACE]
+)
 
 
-def envoy_stats_job(address: str) -> dict[str, Any]:
-    """The scrape of Envoy's Prometheus stats, as Envoy Gateway's docs have a PodMonitor scrape its proxies."""
-    return {"job_name": "envoy", "metrics_path": "/stats/prometheus", "static_configs": [{"targets": [address]}]}
-
-
-def infrastructure_objects(namespace: str = MODELS, gateway: str = GATEWAY) -> list[Json]:
-    """An EnvoyProxy that makes the Envoy Service a ClusterIP (no load-balancer controller would ever give a
-    LoadBalancer an address, and the Gateway would stay unprogrammed), the GatewayClass naming it, a Gateway
-    with an HTTP listener that admits routes from its own namespace."""
+def infrastructure_objects(envoy: str, namespace: str = MODELS, gateway: str = GATEWAY) -> list[Json]:
+    """An EnvoyProxy that runs the local Envoy image `envoy` behind a ClusterIP Service (no load-balancer
+    controller would ever give a LoadBalancer an address, and the Gateway would stay unprogrammed), the GatewayClass
+    naming it, a Gateway with an HTTP listener that admits routes from its own namespace."""
+    kubernetes = {"envoyService": {"type": "ClusterIP"}, "envoyDeployment": {"container": {"image": envoy}}}
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
         {
             "apiVersion": "gateway.envoyproxy.io/v1alpha1",
             "kind": "EnvoyProxy",
             "metadata": {"name": "local", "namespace": NAMESPACE},
-            "spec": {"provider": {"type": "Kubernetes", "kubernetes": {"envoyService": {"type": "ClusterIP"}}}},
+            "spec": {"provider": {"type": "Kubernetes", "kubernetes": kubernetes}},
         },
         {
             "apiVersion": GATEWAY_API,
@@ -171,27 +192,20 @@ class Cluster:
 
 
 class GatewayPlane:
-    """The cluster above, started in `workdir`; `operator_env` adds operator settings (INFEROP_*), `faults` maps a
-    Triton pod's config text to the fault environment of its server (see TritonPods)."""
+    """The cluster above, started in `workdir`; `operator_env` adds operator settings (INFEROP_*)."""
 
-    def __init__(
-        self,
-        workdir: Path,
-        operator_env: Mapping[str, str] | None = None,
-        faults: Callable[[str], Mapping[str, str]] = lambda config: {},
-        cpuset: Callable[[Json], str | None] = lambda pod: None,
-    ) -> None:
-        self.workdir, self.operator_env, self.faults, self.cpuset = workdir, dict(operator_env or {}), faults, cpuset
+    def __init__(self, workdir: Path, operator_env: Mapping[str, str] | None = None) -> None:
+        self.workdir, self.operator_env = workdir, dict(operator_env or {})
         self.stack = contextlib.ExitStack()
-        self.envoy_address = ""  # host:port of Envoy's listener for the Gateway
-        self.envoy_metrics = ""  # host:port of its Prometheus stats (/stats/prometheus), its pod's `metrics` port
+        self.envoy_address = ""  # host:port of the Service in front of the Gateway's Envoy
+        self._baselines: dict[str, dict[str, float]] = {}  # each Triton pod's counters when first read
 
     def __enter__(self) -> GatewayPlane:
         try:
             self._start()
-        except BaseException:
-            self.stack.close()
-            raise
+        except BaseException as error:
+            if not self.stack.__exit__(type(error), error, error.__traceback__):
+                raise
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
@@ -199,77 +213,99 @@ class GatewayPlane:
 
     def _start(self) -> None:
         workdir, stack = self.workdir, self.stack
-        kube_bin = kube_binaries(build=False, release=KUBERNETES_1_37)
         gateway_bin = gateway_binaries()
-        self.drill = stack.enter_context(DrillCluster(workdir, release=KUBERNETES_1_37))
-        kwok = Kwok(self.drill.plane.kubeconfig, workdir, addon_binaries(), played_stages(workdir), POD_CIDR)
-        stack.callback(kwok.stop)
-        kwok.start().add_node("node-0", timeout=60)
-
+        self.drill = stack.enter_context(DrillCluster(workdir, node=True))
+        node = self.drill.node
+        assert node is not None
+        files = built(NODE_SCRIPT, "the node's packages and files")
+        specs = [envoy_gateway_image(gateway_bin), envoy_image(files, gateway_bin)]
+        images = Images(images_cache(), str(CTR)).ensure(node.layout.containerd_socket, specs)
+        stack.enter_context(node.site.network())  # before any thread: everything below runs in the node's network
+        kubeconfig = self.drill.plane.kubeconfig
         started = time.monotonic()
-        envoy_gateway = EnvoyGateway(self.drill.plane.kubeconfig, workdir / "envoy-gateway", kube_bin / "kubectl")
-        envoy_gateway.install()
-        stack.callback(envoy_gateway.stop)
-        envoy_gateway.start(timeout=120)
-        log.info("Envoy Gateway ready in %.1f s", time.monotonic() - started)
-        self.cluster = Cluster(self.drill.plane.kubeconfig)
-        for obj in infrastructure_objects():
+        EnvoyGateway(kubeconfig, self.drill.tools, gateway_bin).install(images["envoy-gateway"])
+        log.info("Envoy Gateway Ready in %.1f s", time.monotonic() - started)
+        self.cluster = Cluster(kubeconfig)
+        for obj in infrastructure_objects(images["envoy"]):
             self.cluster.apply(obj)
-        self._start_envoy(gateway_bin)
+        self._find_envoy()
 
-        targets = workdir / "prometheus-targets.json"
-        targets.write_text("[]")
-        self.prometheus = Prometheus(
-            [], file_sd=targets, jobs=[envoy_stats_job(self.envoy_metrics)], scrape_interval=f"{SCRAPE_SECONDS}s"
-        )
+        monitors = [TRITON_PODS, ENVOY_STATS]
+        targets = workdir / "prometheus-targets"
+        stack.enter_context(PodDiscovery(lambda: self.cluster.list("v1", "Pod", None), monitors, targets))
+        jobs = [monitor.scrape_job(targets) for monitor in monitors]
+        self.prometheus = Prometheus([], jobs=jobs, scrape_interval=f"{SCRAPE_SECONDS}s")
         self.prometheus.start()
         stack.callback(self.prometheus.stop)
-
-        def publish_targets() -> None:
-            staged = targets.with_suffix(".tmp")
-            staged.write_text(json.dumps(self.pods.targets()))
-            staged.replace(targets)  # whole, so Prometheus never reads half a file
-
-        self.pods = TritonPods(self.drill.api, MODELS, workdir / "pods", self.faults, publish_targets, self.cpuset)
-        stack.callback(self.pods.stop)
-        self.pods.run()
         env = {"INFEROP_PROMETHEUS_URL": self.prometheus.url, **self.operator_env}
         self.operator = OperatorProcess(self.drill, workdir / "operator.log", env=env)
         stack.callback(self.operator.stop)
         self.operator.start()
 
-    def _start_envoy(self, gateway_bin: Path) -> None:
-        """The Envoy that Envoy Gateway deployed for the Gateway: its pod (kwok's) run here (kubelet.PodContainer)."""
-        owner = "gateway.envoyproxy.io/owning-gateway"
-        selector = f"{owner}-name={GATEWAY},{owner}-namespace={MODELS}"
+    def envoy_pod(self) -> Json:
+        """The pod of the Gateway's Envoy."""
+        (pod, *_) = self.cluster.list("v1", "Pod", NAMESPACE, ENVOY_SELECTOR)
+        return pod
 
-        def envoy_pod() -> Json | None:
-            pods = self.cluster.list("v1", "Pod", NAMESPACE, selector)
-            running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
-            return running[0] if running else None
+    def _find_envoy(self) -> None:
+        """The Envoy that Envoy Gateway deployed for the Gateway, Ready, and the address of its Service."""
 
-        pod = wait_for(envoy_pod, "the Envoy pod Running", 120, self.cluster.pods_and_warnings)
-        hosts = self.workdir / "envoy" / "hosts"
-        hosts.parent.mkdir(parents=True, exist_ok=True)
-        hosts.write_text(cluster_dns_hosts({XDS_HOST: "127.0.0.1"}))
-        envoy = PodContainer(
-            self.cluster.api,
-            NAMESPACE,
-            pod["metadata"]["name"],
-            "envoy",
-            self.workdir / "envoy",
-            path=[gateway_bin],
-            binds={"/etc/hosts": hosts},
+        def ready() -> bool:
+            pods = self.cluster.list("v1", "Pod", NAMESPACE, ENVOY_SELECTOR)
+            return any(conditions(p).get("Ready") == "True" for p in pods)
+
+        wait_for(ready, "the Gateway's Envoy pod Ready", 180, self.cluster.pods_and_warnings)
+        (service,) = self.cluster.list("v1", "Service", NAMESPACE, ENVOY_SELECTOR)
+        self.envoy_address = f"{service['spec']['clusterIP']}:{LISTENER_PORT}"
+
+    # ------------------------------------------------------------------------------------------- pods
+
+    def triton_pods(self, service: str | None = None) -> list[Json]:
+        """The Triton pods of every service (or of `service`), in the order they were made."""
+        selector = label_selector({**MANAGED, **({INSTANCE: service} if service else {})})
+        pods = self.cluster.list("v1", "Pod", MODELS, selector)
+        return sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"])
+
+    def counts(self, model: str, pods: list[Json]) -> dict[str, dict[str, float]]:
+        """Each pod's requests of `model` as Triton counts them (successes, failures, time in the server) since
+        this plane first read them (its first reading, as the pod turned Ready, the baseline: warm-ups left out),
+        read off its metrics port; pods that do not answer are left out."""
+        found = {}
+        for pod in pods:
+            name, address = pod["metadata"]["name"], (pod.get("status") or {}).get("podIP")
+            if not address:
+                continue
+            (triton,) = (
+                c for c in pod["spec"]["containers"] if any(p.get("name") == "metrics" for p in c.get("ports", ()))
+            )
+            port = next(p["containerPort"] for p in triton["ports"] if p.get("name") == "metrics")
+            try:
+                now = model_metrics(f"http://{address}:{port}/metrics", model, *COUNTERS)
+            except OSError:
+                continue
+            first = self._baselines.setdefault(name, now)
+            found[name] = {key: value - first[key] for key, value in now.items()}
+        return found
+
+    @contextlib.contextmanager
+    def envoy_admin(self) -> Iterator[str]:
+        """The address of the Envoy's admin API (127.0.0.1 of its pod), through `kubectl port-forward`."""
+        pod = self.envoy_pod()
+        argv = [str(self.drill.tools / "kubectl"), "port-forward", "-n", NAMESPACE, "--address=127.0.0.1",
+                f"pod/{pod['metadata']['name']}", f":{ENVOY_ADMIN_PORT}"]  # fmt: skip
+        forward = subprocess.Popen(
+            argv, env=self.drill.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        self.stack.callback(envoy.stop)
-        envoy.start()
-        envoy.wait_ready(timeout=120)
-        services = self.cluster.list("v1", "Service", NAMESPACE, selector)
-        port = next(p["targetPort"] for p in services[0]["spec"]["ports"] if p["port"] == LISTENER_PORT)
-        self.envoy_address = f"{envoy.pod_ip}:{port}"
-        (container,) = (c for c in pod["spec"]["containers"] if c["name"] == "envoy")
-        metrics = next(p["containerPort"] for p in container.get("ports", ()) if p.get("name") == "metrics")
-        self.envoy_metrics = f"{envoy.pod_ip}:{metrics}"
+        try:
+            assert forward.stdout is not None
+            said = forward.stdout.readline()  # "Forwarding from 127.0.0.1:43215 -> 19000", or why not
+            found = re.search(r"127\.0\.0\.1:(\d+)", said)
+            if found is None:
+                raise ClusterError(f"kubectl port-forward to Envoy's admin said: {said}")
+            yield f"127.0.0.1:{found.group(1)}"
+        finally:
+            forward.terminate()
+            forward.wait(timeout=10)
 
     # ------------------------------------------------------------------------------------------- services
 
@@ -291,7 +327,8 @@ class GatewayPlane:
     def envoy_max_requests(self, route: str) -> dict[str, int]:
         """Envoy's bound on parallel requests for each backend of HTTPRoute `route` (Envoy Gateway makes a cluster per
         route rule), from its admin API: what it enforces, whatever the objects say."""
-        status, body = http_get(f"http://127.0.0.1:{ENVOY_ADMIN_PORT}/clusters?format=json")
+        with self.envoy_admin() as admin:
+            status, body = http_get(f"http://{admin}/clusters?format=json")
         if status != 200:
             raise ClusterError(f"Envoy's admin /clusters answered {status}")
         found = {}
