@@ -5,9 +5,6 @@
 #                       for fake nodes, so scheduled pods become Running and Ready without containers
 #                       (it has no built-in stages: give it those in scripts/kwok/ with --config);
 #   prometheus-adapter  the custom.metrics.k8s.io server backed by Prometheus (cmd/adapter);
-#   cadvisor            cAdvisor's container metrics of raw cgroups, the series a kubelet serves on
-#                       /metrics/cadvisor (scripts/cadvisor: a main over cAdvisor's library module, since the
-#                       proxy does not serve its command's module);
 #   coredns             the cluster DNS of the local node (scripts/coredns: CoreDNS v1.15.0 with the plugins a
 #                       cluster's DNS uses, 63 s and a 55 MiB binary, where its own main with every plugin and
 #                       the cloud SDKs they bring builds several times longer).
@@ -22,8 +19,7 @@
 # and stays pinned. The module and build caches are private to the build directory (so the download can
 # be measured) and removed afterwards.
 # Measured with Go 1.26.8 on 2 cores shared with a test suite: about 7.5 minutes for both (kwok 4, the adapter
-# 3.5), 120 MiB of static binaries (61 and 59 MiB); cadvisor alone 42 s on an idle machine, 7.9 MiB downloaded, a
-# 12 MiB binary.
+# 3.5), 120 MiB of static binaries (61 and 59 MiB).
 #
 # --no-build: never build; exit 3 when no binaries are ready (for test suites that skip instead).
 set -euo pipefail
@@ -36,13 +32,12 @@ ADDONS=(
 )
 NEEDED=()
 for addon in "${ADDONS[@]}"; do NEEDED+=("${addon%% *}"); done
-NEEDED+=(cadvisor coredns)
-CADVISOR_SOURCE="$(cd "$(dirname "$0")" && pwd)/cadvisor"
+NEEDED+=(coredns)
 COREDNS_SOURCE="$(cd "$(dirname "$0")" && pwd)/coredns"
 SCRIPT=kube-addons
 CACHE="${INFEROP_CACHE:-$HOME/.cache/inferop}/kube-addons"
 WHAT="add-on binaries"
-BUILD_TIME="about 9 minutes on 2 cores"
+BUILD_TIME="about 8.5 minutes on 2 cores"
 # shellcheck source=scripts/go-cache.sh
 source "$(dirname "$0")/go-cache.sh"
 go_cache_begin "$@"
@@ -51,6 +46,5 @@ for addon in "${ADDONS[@]}"; do
     # shellcheck disable=SC2086 # the fields are single words
     build_from_module $addon
 done
-build_from_source cadvisor "$CADVISOR_SOURCE"
 build_from_source coredns "$COREDNS_SOURCE"
 go_cache_finish

@@ -6,10 +6,10 @@ The panels are data here, and `python -m inferop_devtools.dashboard` writes the 
 fails when the file differs). Triton's panels read the series the chart's PodMonitor scrapes, with the labels its
 podTargetLabels put on them; the memory and CPU panels read the cAdvisor series each node's kubelet serves on
 /metrics/cadvisor, which kube-prometheus-stack scrapes; the gateway's latency panel reads the Envoy that Envoy Gateway
-runs for the service's HTTPRoute. tests/devtools/test_dashboard.py evaluates the Triton and kubelet queries against
-a real Prometheus scraping real tritonservers, one under a pod's limits, and a real cAdvisor reading its cgroup; the
+runs for the service's HTTPRoute. tests/node/test_dashboard.py evaluates the Triton and kubelet queries against a
+real Prometheus scraping the operator's Triton pods mid-rollout on the local node and that node's kubelet; the
 rollout drill (tests/devtools/test_rollout_dataplane.py) evaluates the Triton and gateway queries mid-rollout,
-through a real Envoy Gateway.
+through a real Envoy Gateway on the same kind of node.
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ class Prometheus:
     (`wait_for_targets`). `labels` go on every scraped series, as a PodMonitor puts namespace and pod.
     `file_sd` names a file_sd file of more targets, each with its own labels (see `PodTargets` in
     inferop_devtools.cluster.addons). `jobs` are more scrape jobs, as prometheus.yml takes them (such as
-    `kubelet_job` there)."""
+    `kubelet_scrape_job` in inferop_devtools.cluster.node)."""
 
     def __init__(
         self,

@@ -1,23 +1,19 @@
 """The cluster add-ons' pure parts: kwok's command line and fake node, the objects that register
-prometheus-adapter, the pods Prometheus is told to scrape, and the kubelet's labels on cAdvisor's series. They run
-for real in tests/kube and tests/devtools/test_dashboard.py."""
+prometheus-adapter, and the pods Prometheus is told to scrape. They run for real in tests/kube."""
 
 from __future__ import annotations
 
 import ipaddress
-import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from inferop_devtools.cluster.addons import (
     FAKE_NODE_ANNOTATION,
-    ContainerName,
     adapter_command,
     adapter_objects,
     fake_node,
     file_sd_groups,
-    kubelet_job,
     kwok_command,
 )
 
@@ -89,19 +85,3 @@ def test_pod_ips_are_on_loopback_unless_a_range_is_given() -> None:
     assert ipaddress.ip_network(given["cidr"], strict=False).is_loopback
     assert ipaddress.ip_address(given["node-ip"]).is_loopback
     assert dict(flags(kwok_command(BIN, Path("k"), cidr="10.0.0.1/24")))["cidr"] == "10.0.0.1/24"
-
-
-def test_the_kubelet_s_labels_go_on_the_named_cgroup_alone() -> None:
-    triton = ContainerName("models", "conv-net-5f7c9d-x2kq4", "triton")
-    job = kubelet_job("127.0.0.1:9000", {"/inferop/inferop-7-0": triton})
-    assert job["static_configs"] == [{"targets": ["127.0.0.1:9000"]}]
-    rules = job["metric_relabel_configs"]
-    assert {rule["target_label"]: rule["replacement"] for rule in rules} == {
-        "namespace": "models",
-        "pod": "conv-net-5f7c9d-x2kq4",
-        "container": "triton",
-    }
-    for rule in rules:  # Prometheus anchors a relabelling regex at both ends, as fullmatch does
-        assert rule["source_labels"] == ["id"]
-        assert re.fullmatch(rule["regex"], "/inferop/inferop-7-0")
-        assert not any(re.fullmatch(rule["regex"], other) for other in ("/inferop", "/inferop/inferop-7-01", "/"))

@@ -156,7 +156,11 @@ class TestNodeBuilders:
         assert config["authorization"] == {"mode": "Webhook"}
         assert (config["readOnlyPort"], config["address"]) == (0, SITE.node_address)
         assert (config["cgroupDriver"], config["cgroupRoot"]) == ("cgroupfs", f"/{SITE.cgroup_root}")
-        assert config["containerRuntimeEndpoint"] == "unix:///state/node/containerd.sock"
+        # containerd's default socket, in the node's own /run: where the kubelet's cAdvisor looks for containers.
+        assert config["containerRuntimeEndpoint"] == "unix:///run/containerd/containerd.sock"
+        assert NodeLayout(Path("/state/node")).containerd_socket == Path(
+            "/state/node/private/run/containerd/containerd.sock"
+        )
 
     def test_containerd_runs_sandboxes_without_lowering_oom_scores(self) -> None:
         toml = containerd_config(NodeLayout(Path("/state/node")), "inferop.local/pause:abc")

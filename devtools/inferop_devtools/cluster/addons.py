@@ -17,19 +17,16 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import yaml
 
-from inferop.limits import PARENT
 from inferop.paths import log_tail, repo_root
 from inferop_devtools.cluster.controlplane import (
     ClusterError,
@@ -43,7 +40,7 @@ from inferop_devtools.cluster.tools import built
 log = logging.getLogger(__name__)
 
 ADDONS_SCRIPT = "kube-addons.sh"
-ADDONS = ("kwok", "prometheus-adapter", "cadvisor", "coredns")
+ADDONS = ("kwok", "prometheus-adapter", "coredns")
 KWOK_DIR = repo_root() / "scripts" / "kwok"
 # The stages kwok plays (it ships none without kwokctl): nodes Ready, pods Running and Ready, crash loops.
 KWOK_STAGES = ("node.yaml", "pod.yaml", "pod-crashloop.yaml")
@@ -107,7 +104,7 @@ class Daemon:
 
 # The pod IPs kwok hands out, on loopback: the apiserver takes them, EndpointSlices leave them out, and a client that
 # follows one (the operator's agreement check) reaches this machine only. A data plane whose Envoy must route to pods
-# (inferop_devtools.gateway) gives a range of its own, made local in a private network namespace.
+# (inferop_devtools.gateway) runs on the real node instead.
 LOOPBACK_POD_CIDR = "127.0.100.1/24"
 
 
@@ -373,72 +370,4 @@ class PodTargets:
         return self.start()
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        self.stop()
-
-
-@dataclass(frozen=True)
-class ContainerName:
-    """Who a cgroup belongs to, as the kubelet labels its cAdvisor series."""
-
-    namespace: str
-    pod: str
-    container: str
-
-
-def kubelet_labels(containers: Mapping[str, ContainerName]) -> list[dict[str, Any]]:
-    """metric_relabel_configs giving each series of a cgroup in `containers` (cgroup path -> who) the namespace,
-    pod and container labels that the kubelet takes from its container runtime; other cgroups' series keep only
-    cAdvisor's `id`, as the kubelet's series of pod and system cgroups carry no container."""
-    return [
-        {"source_labels": ["id"], "regex": re.escape(cgroup), "target_label": label, "replacement": value}
-        for cgroup, name in containers.items()
-        for label, value in (("namespace", name.namespace), ("pod", name.pod), ("container", name.container))
-    ]
-
-
-def kubelet_job(address: str, containers: Mapping[str, ContainerName], interval: str = "1s") -> dict[str, Any]:
-    """The scrape job of a node's cAdvisor series, as kube-prometheus-stack's kubelet job scrapes them."""
-    return {
-        "job_name": "kubelet",
-        "metrics_path": "/metrics",
-        "scrape_interval": interval,
-        "static_configs": [{"targets": [address]}],
-        "metric_relabel_configs": kubelet_labels(containers),
-    }
-
-
-class Cadvisor:
-    """cAdvisor watching the pod cgroups (everything under inferop.limits.PARENT) on 127.0.0.1:`port`, reading
-    each one's stats every `housekeeping` (the kubelet's cAdvisor: 10 s; shorter here so a test sees rates soon)."""
-
-    def __init__(self, workdir: Path, housekeeping: str = "1s", bin_dir: Path | None = None) -> None:
-        self.port = free_ports(1)[0]
-        argv = [
-            str((bin_dir or addon_binaries()) / "cadvisor"),
-            f"--listen=127.0.0.1:{self.port}",
-            f"--raw-cgroup-prefixes=/{PARENT}",
-            f"--housekeeping-interval={housekeeping}",
-        ]
-        self.daemon = Daemon(argv, workdir / "cadvisor.log")
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> Cadvisor:
-        self.daemon.start()
-        try:
-            self.daemon.wait(lambda: http_get(f"http://{self.address}/metrics")[0] == 200, "cadvisor", timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        self.daemon.stop()
-
-    def __enter__(self) -> Cadvisor:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
         self.stop()

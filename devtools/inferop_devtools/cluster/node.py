@@ -71,7 +71,11 @@ NODE_SCRIPT = "kube-node.sh"
 CONTAINERD = Path("/usr/bin/containerd")
 CTR = Path("/usr/bin/ctr")
 CNI_BIN_DIR = Path("/usr/lib/cni")
+# containerd's socket in the node's mount namespace, at its default path: the kubelet's cAdvisor finds the containers
+# there (at any other path, its series have no container: only the pods' cgroups are named).
+CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 DAEMONS = ("containerd", "kubelet", "kube-proxy", "coredns")
+KUBELET_PORT = 10250  # the kubelet's API on the node's address: logs, exec, port-forward, metrics
 CLONE_NEWNET = 0x40000000  # <sched.h>: setns(2)'s type of a network namespace
 # The cgroup v1 hierarchies the kubelet needs for pods' limits and accounting.
 REQUIRED_CONTROLLERS = frozenset({"cpu", "cpuacct", "cpuset", "memory", "pids"})
@@ -199,7 +203,8 @@ class NodeLayout:
 
     @property
     def containerd_socket(self) -> Path:
-        return self.root / "containerd.sock"
+        """containerd's socket as the host sees it: CONTAINERD_SOCKET in the node's own /run."""
+        return self.bound("/run") / Path(CONTAINERD_SOCKET).relative_to("/run")
 
     @property
     def cni_conf_dir(self) -> Path:
@@ -274,7 +279,7 @@ def containerd_config(layout: NodeLayout, sandbox_image: str) -> str:
             f'root = "{layout.containerd_root}"',
             'state = "/run/containerd"',
             "[grpc]",
-            f'  address = "{layout.containerd_socket}"',
+            f'  address = "{CONTAINERD_SOCKET}"',
             '[plugins."io.containerd.grpc.v1.cri"]',
             f'  sandbox_image = "{sandbox_image}"',
             # Without CAP_SYS_RESOURCE (these machines lack it) runc cannot lower a process's OOM score below its
@@ -319,7 +324,7 @@ def kubelet_config(site: NodeSite, layout: NodeLayout, control: Layout) -> dict[
         "cgroupRoot": f"/{site.cgroup_root}",
         # These machines are cgroup v1 (hybrid); since 1.35 the kubelet refuses v1 unless told otherwise.
         "failCgroupV1": False,
-        "containerRuntimeEndpoint": f"unix://{layout.containerd_socket}",
+        "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCKET}",
         "resolvConf": "/etc/resolv.conf",
         "clusterDomain": CLUSTER_DOMAIN,
         "clusterDNS": [site.node_address],  # CoreDNS, on the node
@@ -346,6 +351,22 @@ def kube_proxy_config(site: NodeSite, layout: NodeLayout) -> dict[str, Any]:
         "healthzBindAddress": "127.0.0.1:10256",
         "metricsBindAddress": "127.0.0.1:10249",
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+    }
+
+
+def kubelet_scrape_job(site: NodeSite, control: Layout, interval: str = "2s") -> dict[str, Any]:
+    """Prometheus' scrape of the kubelet's cAdvisor series, as kube-prometheus-stack's kubelet job scrapes them
+    (https on the kubelet's port, /metrics/cadvisor), as a client the kubelet's webhook lets read them: here the
+    admin, by its certificate."""
+    tls = {"ca_file": str(control.pem("ca")), "cert_file": str(control.pem("admin")),
+           "key_file": str(control.pem("admin-key"))}  # fmt: skip
+    return {
+        "job_name": "kubelet",
+        "scheme": "https",
+        "metrics_path": "/metrics/cadvisor",
+        "scrape_interval": interval,
+        "tls_config": tls,
+        "static_configs": [{"targets": [f"{site.node_address}:{KUBELET_PORT}"]}],
     }
 
 
