@@ -49,6 +49,8 @@ class RuntimeCosts:
 # with two inputs, an ONNX file whose activations dwarf its weights, the conv net at batch 128, Inception V3 at
 # batch 64) 23%. The constants before (fitted 2026-11-30 at a queue of 64) missed the conv net's saturated peak
 # at the derived bound of 1,024 by 38%: a small request in a full queue of a fast model holds about 36 KB, not 15.
+# The memory limit's margin (plan.MEMORY_MARGIN) is taken from the same fit set with these constants: a refit changes
+# it too (tests/core/test_memory_measured.py derives it again).
 LOCAL_RUNTIME = RuntimeCosts(
     name="local",
     baseline_bytes=12_161_024,

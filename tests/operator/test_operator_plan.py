@@ -13,7 +13,7 @@ import yaml
 from inferop_core.memory import CONTAINER_RUNTIME, GPU_RUNTIME, RuntimeCosts
 from inferop_core.quantity import format_bytes, parse_quantity
 from inferop_core.tritonconfig import parse_model_config, render_model_config
-from inferop_operator.plan import Plan, Refusal, plan_service
+from inferop_operator.plan import MEMORY_MARGIN, Plan, Refusal, plan_service
 from inferop_operator.settings import OperatorSettings
 from inferop_operator.spec import parse_spec
 from tests.specs import EXAMPLES
@@ -431,7 +431,7 @@ class TestMemoryFit:
             )
         )
         one = GPU_RUNTIME.instance_bytes + 100 * MI * GPU_RUNTIME.weight_factor + 8 * MI * GPU_RUNTIME.activation_factor
-        assert result.serving.gpu_memory_limit_bytes == pytest.approx(one * 1.25, abs=1)
+        assert result.serving.gpu_memory_limit_bytes == pytest.approx(one * MEMORY_MARGIN, abs=1)
 
     def test_cpu_instances_get_no_gpu_memory_limit(self) -> None:
         assert plan(raw_spec(resources={"limits": {"cpu": "1"}})).serving.gpu_memory_limit_bytes is None
