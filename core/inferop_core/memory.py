@@ -45,10 +45,12 @@ class RuntimeCosts:
 # (tritonserver 2.51, python backend, ONNX Runtime 1.32, one intra-op thread, memory pattern off) in a cgroup v1
 # memory controller on a 2-core AMD EPYC, on its fit set: both networks x instances 1, 2 x maxBatchSize 1, 8, 32,
 # idle and saturated at the derived queue bound. Least squares on the idle peaks, then the buffer factor and the
-# request bytes on saturated minus idle. Worst error on that fit set 25%; on the held-out set (the example ranker
-# with two inputs, an ONNX file whose activations dwarf its weights, the conv net at batch 128, Inception V3 at
-# batch 64) 23%. The constants before (fitted 2026-11-30 at a queue of 64) missed the conv net's saturated peak
-# at the derived bound of 1,024 by 38%: a small request in a full queue of a fast model holds about 36 KB, not 15.
+# request bytes on saturated minus idle, over the tensors and requests the estimate counts (in_flight: a queued
+# request's inputs; the fit once counted its outputs too, which gave 1.135 and 35,703). Worst error on that fit set
+# 25%; on the held-out set (the example ranker with two inputs, an ONNX file whose activations dwarf its weights, the
+# conv net at batch 128, Inception V3 at batch 64) 23%. The constants before (fitted 2026-11-30 at a queue of 64)
+# missed the conv net's saturated peak at the derived bound of 1,024 by 38%: a small request in a full queue of a
+# fast model holds about 36 KB, not 15.
 # The memory limit's margin (plan.MEMORY_MARGIN) is taken from the same fit set with these constants: a refit changes
 # it too (tests/core/test_memory_measured.py derives it again).
 LOCAL_RUNTIME = RuntimeCosts(
@@ -57,8 +59,8 @@ LOCAL_RUNTIME = RuntimeCosts(
     instance_bytes=36_929_644,  # each instance is a python stub process with numpy and ONNX Runtime loaded
     weight_factor=1.855,
     activation_factor=1.504,
-    buffer_factor=1.135,
-    request_bytes=35_703,
+    buffer_factor=1.138,
+    request_bytes=35_738,
     measured="make field's fit set (inferop serve, python backend, in a memory cgroup), 2026-12-02",
 )
 
@@ -141,22 +143,36 @@ class MemoryEstimate:
         return f"{' + '.join(parts)} = {format_bytes(self.total)}"
 
 
+@dataclass(frozen=True)
+class InFlight:
+    """What a pod with its queue full holds in flight, in the units the runtime's constants multiply."""
+
+    tensor_bytes: int  # the buffer factor's: each queued request's inputs, each executing request's inputs and outputs
+    requests: int  # the request bytes': queued and executing
+
+
+def in_flight(model: ModelCosts, shape: ServingShape) -> InFlight:
+    """The queue full and every instance executing its largest batch. The estimate and the fit of the constants
+    (inferop_devtools.field.memory.calibrate) both count through it: a constant fitted on other terms than the
+    estimate multiplies would be wrong by the difference."""
+    queued, executing = shape.queue_bound or 0, shape.instances * shape.max_batch_size
+    inputs = model.io_bytes_per_sample if model.input_bytes_per_sample is None else model.input_bytes_per_sample
+    return InFlight(queued * inputs + executing * model.io_bytes_per_sample, queued + executing)
+
+
 def estimate_memory(
     model: ModelCosts, shape: ServingShape, costs: RuntimeCosts, saturated: bool = True
 ) -> MemoryEstimate:
     """The peak of one pod (saturated: its queue full), or its level once models are loaded and warm (idle)."""
     n, batch = shape.instances, shape.max_batch_size
-    queued = shape.queue_bound or 0
-    inputs = model.io_bytes_per_sample if model.input_bytes_per_sample is None else model.input_bytes_per_sample
-    waiting = inputs * costs.buffer_factor + costs.request_bytes
-    executing = model.io_bytes_per_sample * costs.buffer_factor + costs.request_bytes
-    in_flight = queued * waiting + n * batch * executing if saturated else 0
+    held = in_flight(model, shape)
+    in_flight_bytes = held.tensor_bytes * costs.buffer_factor + held.requests * costs.request_bytes if saturated else 0
     return MemoryEstimate(
         baseline=costs.baseline_bytes,
         instances=n * costs.instance_bytes,
         weights=round(n * model.weight_bytes * costs.weight_factor),
         activations=round(n * batch * model.activation_bytes_per_sample * costs.activation_factor),
-        in_flight=round(in_flight),
+        in_flight=round(in_flight_bytes),
         unbounded=saturated and shape.queue_bound is None,
         assumed=costs.assumed,
     )

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from inferop.serving.tritonserver import ServerError, TritonServer
-from inferop_core.memory import LOCAL_RUNTIME, ModelCosts, RuntimeCosts, ServingShape, estimate_memory
+from inferop_core.memory import LOCAL_RUNTIME, ModelCosts, RuntimeCosts, ServingShape, estimate_memory, in_flight
 from inferop_core.quantity import format_bytes, parse_quantity
 from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING
 from inferop_core.tritonconfig import ServingConfig
@@ -243,8 +243,9 @@ def shape_of(row: dict[str, Any]) -> ServingShape:
 def calibrate(grid: list[dict[str, Any]], note: str) -> dict[str, Any]:
     """Least-squares constants of the memory model from measured rows (the origin of LOCAL_RUNTIME): the idle
     peaks fit the baseline and the per-instance, weight and activation factors; saturated minus idle, at each
-    row's own queue bound, the buffer factor and the bytes of a request. Only `grid` is used: rows held out of it
-    cannot move the constants."""
+    row's own queue bound, the buffer factor and the bytes of a request, over what inferop_core.memory.in_flight
+    counts, as the estimate does (a queued request's inputs, an executing one's inputs and outputs). Only `grid` is
+    used: rows held out of it cannot move the constants."""
     idle = [row for row in grid if row["state"] == "idle"]
     rows = []
     for row in idle:
@@ -256,11 +257,10 @@ def calibrate(grid: list[dict[str, Any]], note: str) -> dict[str, Any]:
     extra, held = [], []
     for row in grid:
         if row["state"] == "saturated":
-            costs = ModelCosts(**row["model"])
             key = (row["network"], row["instances"], row["max_batch_size"])
-            requests = row["queue_bound"] + row["instances"] * row["max_batch_size"]
+            counted = in_flight(ModelCosts(**row["model"]), shape_of(row))
             extra.append(row["measured_bytes"] - pairs[key])
-            held.append([requests * costs.io_bytes_per_sample, requests])
+            held.append([counted.tensor_bytes, counted.requests])
     (buffer_factor, request_bytes), *_ = np.linalg.lstsq(np.array(held, float), np.array(extra, float), rcond=None)
     return {
         "baseline_bytes": int(solution[0]),
