@@ -21,6 +21,7 @@ TRUE = RuntimeCosts(
     activation_factor=1.4,
     buffer_factor=1.3,
     request_bytes=15_000,
+    busy_instance_bytes=12 * MiB,
     measured="made up for the tests",
 )
 MODELS = {
@@ -69,6 +70,7 @@ def test_the_fit_recovers_the_constants_that_made_its_points() -> None:
     for name in ("weight_factor", "activation_factor", "buffer_factor"):
         assert fitted[name] == pytest.approx(getattr(TRUE, name), abs=1e-3)
     assert fitted["request_bytes"] == pytest.approx(TRUE.request_bytes, rel=1e-2)
+    assert fitted["busy_instance_bytes"] == pytest.approx(TRUE.busy_instance_bytes, rel=1e-2)
 
 
 def test_the_goal_is_the_held_out_limit() -> None:

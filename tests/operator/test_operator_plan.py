@@ -61,9 +61,12 @@ def image_spec(**sections: Any) -> dict[str, Any]:
 def in_flight_by_hand(
     io_bytes: int, input_bytes: int, instances: int, batch: int, queue: int, costs: RuntimeCosts = CONTAINER_RUNTIME
 ) -> float:
-    """Queued requests hold their inputs; executing ones their inputs and outputs; each its request bytes too."""
-    return queue * (input_bytes * costs.buffer_factor + costs.request_bytes) + instances * batch * (
-        io_bytes * costs.buffer_factor + costs.request_bytes
+    """Queued requests hold their inputs; executing ones their inputs and outputs; each its request bytes too; and
+    each instance, busy, its busy-instance bytes."""
+    return (
+        queue * (input_bytes * costs.buffer_factor + costs.request_bytes)
+        + instances * batch * (io_bytes * costs.buffer_factor + costs.request_bytes)
+        + instances * costs.busy_instance_bytes
     )
 
 
