@@ -8,13 +8,15 @@ memory cgroup (`make field` re-measures it and prints the error of every estimat
     + instances x activation factor x activation bytes per sample x maxBatchSize
     + queued: queue bound x (buffer factor x input bytes + request bytes)
     + executing: instances x maxBatchSize x (buffer factor x input and output bytes + request bytes)
+    + busy: instances x busy-instance bytes
 
-The last two only while the queue is full ("saturated"): a queued request holds its inputs, its outputs exist once
+The last three only while the queue is full ("saturated"): a queued request holds its inputs, its outputs exist once
 it has executed (a held-out model whose outputs are as large as its inputs showed it: counting both overestimated
-its saturated peak by half). Idle, the warm-up at the largest batch has already
-grown the activation arena. The estimate covers the memory the kernel cannot reclaim: anonymous and shared
-memory. File pages (libraries, the model file) are reclaimable and are charged to whichever cgroup read them
-first, so measurements start from a warm page cache.
+its saturated peak by half); an instance executing batch after batch holds more than it did idle, whatever its
+batch (at the same full queue, the conv net's peak rose more over idle with 2 instances than with 1). Idle, the
+warm-up at the largest batch has already grown the activation arena. The estimate covers the memory the kernel
+cannot reclaim: anonymous and shared memory. File pages (libraries, the model file) are reclaimable and are charged
+to whichever cgroup read them first, so measurements start from a warm page cache.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class RuntimeCosts:
     activation_factor: float  # arena bytes per byte of the profile's peak live activations
     buffer_factor: float  # resident copies of each request and response tensor in flight
     request_bytes: int  # each request in flight beyond its tensors: its connection and Triton's request object
+    busy_instance_bytes: int  # each instance executing back to back, beyond what it held idle
     measured: str
     assumed: str | None = None  # what of these is assumed rather than measured, said wherever the estimate is shown
 
@@ -44,19 +47,29 @@ class RuntimeCosts:
 # Fitted by `make field`'s memory drill (scripts/field.py --calibrate), 2026-12-02, with the local runtime
 # (tritonserver 2.51, python backend, ONNX Runtime 1.32, one intra-op thread, memory pattern off) in a cgroup v1
 # memory controller on a 2-core AMD EPYC, on its fit set: both networks x instances 1, 2 x maxBatchSize 1, 8, 32,
-# idle and saturated at the derived queue bound. Least squares on the idle peaks, then the buffer factor and the
-# request bytes on saturated minus idle. Worst error on that fit set 25%; on the held-out set (the example ranker
-# with two inputs, an ONNX file whose activations dwarf its weights, the conv net at batch 128, Inception V3 at
-# batch 64) 23%. The constants before (fitted 2026-11-30 at a queue of 64) missed the conv net's saturated peak
-# at the derived bound of 1,024 by 38%: a small request in a full queue of a fast model holds about 36 KB, not 15.
+# idle and saturated at the derived queue bound. Least squares on the idle peaks, then the buffer factor, the
+# request bytes and the busy-instance bytes on saturated minus idle, over what the estimate counts (in_flight).
+# Errors on that fit set -22% .. +16%; on the held-out set (the example ranker with two inputs, an ONNX file whose
+# activations dwarf its weights, the conv net at batch 128, Inception V3 at batch 64) -5% .. +23%.
+# The busy-instance term: at the same full queue of 1,024, the conv net's saturated peak rose 21-24 MiB over idle
+# with 1 instance and 28, 82 and 39 MiB with 2 (batch 1, 8, 32); without the term the estimate had 35-37 MiB in
+# flight for all six, 6-25% over the peaks with 1 instance and 25% under the one with 2 at batch 8. Its size rests
+# mostly on that point: fitted without it, the term is 1.3 MiB. With it, the conv net's held-out batch of 128 is
+# estimated 10% over its peak, not 19%. The buffer factor under one copy is least squares sharing Inception's
+# saturated rise between the two terms: its queue bound grows with its instances (35 per instance).
+# The constants before (fitted 2026-11-30 at a queue of 64) missed the conv net's saturated peak at the derived
+# bound of 1,024 by 38%.
+# The memory limit's margin (plan.MEMORY_MARGIN) is taken from the same fit set with these constants: a refit changes
+# it too (tests/core/test_memory_measured.py derives it again).
 LOCAL_RUNTIME = RuntimeCosts(
     name="local",
     baseline_bytes=12_161_024,
     instance_bytes=36_929_644,  # each instance is a python stub process with numpy and ONNX Runtime loaded
     weight_factor=1.855,
     activation_factor=1.504,
-    buffer_factor=1.135,
-    request_bytes=35_703,
+    buffer_factor=0.924,
+    request_bytes=17_070,
+    busy_instance_bytes=13_009_481,
     measured="make field's fit set (inferop serve, python backend, in a memory cgroup), 2026-12-02",
 )
 
@@ -72,6 +85,9 @@ CONTAINER_RUNTIME = RuntimeCosts(
     activation_factor=LOCAL_RUNTIME.activation_factor,
     buffer_factor=2.0,  # the HTTP frontend's copy and the backend's input tensor
     request_bytes=LOCAL_RUNTIME.request_bytes,  # the same tritonserver frontend
+    # Measured with the local runtime's stub processes, not for a session inside the server: the local one, as
+    # the factors are.
+    busy_instance_bytes=LOCAL_RUNTIME.busy_instance_bytes,
     measured="baseline not measured (container image); factors from the local runtime",
     assumed=(
         "the runtime's 512Mi is assumed, not measured for this image: set runtime.memoryOverhead or the operator's "
@@ -90,6 +106,7 @@ GPU_RUNTIME = RuntimeCosts(
     activation_factor=2.0,  # cuDNN workspaces besides the activations; the arena grows only as asked (kSameAsRequested)
     buffer_factor=0.0,  # requests wait in host memory, not on the device
     request_bytes=0,
+    busy_instance_bytes=0,  # a batch on the device is in the activation arena
     measured="not measured: defaults for a GPU, see scripts/gpu-check.sh",
     assumed="the GPU constants are defaults, not measured: scripts/gpu-check.sh measures them",
 )
@@ -120,7 +137,7 @@ class MemoryEstimate:
     instances: int
     weights: int
     activations: int
-    in_flight: int
+    in_flight: int  # requests queued and executing, and the instances busy with them
     unbounded: bool  # the queue has no bound: in-flight memory grows with the load
     assumed: str | None = None  # the runtime's RuntimeCosts.assumed
 
@@ -139,22 +156,43 @@ class MemoryEstimate:
         return f"{' + '.join(parts)} = {format_bytes(self.total)}"
 
 
+@dataclass(frozen=True)
+class InFlight:
+    """What a pod with its queue full holds in flight, in the units the runtime's constants multiply."""
+
+    tensor_bytes: int  # the buffer factor's: each queued request's inputs, each executing request's inputs and outputs
+    requests: int  # the request bytes': queued and executing
+    busy_instances: int  # the busy-instance bytes': every instance
+
+
+def in_flight(model: ModelCosts, shape: ServingShape) -> InFlight:
+    """The queue full and every instance executing its largest batch. The estimate and the fit of the constants
+    (inferop_devtools.field.memory.calibrate) both count through it: a constant fitted on other terms than the
+    estimate multiplies would be wrong by the difference."""
+    queued, executing = shape.queue_bound or 0, shape.instances * shape.max_batch_size
+    inputs = model.io_bytes_per_sample if model.input_bytes_per_sample is None else model.input_bytes_per_sample
+    return InFlight(queued * inputs + executing * model.io_bytes_per_sample, queued + executing, shape.instances)
+
+
 def estimate_memory(
     model: ModelCosts, shape: ServingShape, costs: RuntimeCosts, saturated: bool = True
 ) -> MemoryEstimate:
     """The peak of one pod (saturated: its queue full), or its level once models are loaded and warm (idle)."""
     n, batch = shape.instances, shape.max_batch_size
-    queued = shape.queue_bound or 0
-    inputs = model.io_bytes_per_sample if model.input_bytes_per_sample is None else model.input_bytes_per_sample
-    waiting = inputs * costs.buffer_factor + costs.request_bytes
-    executing = model.io_bytes_per_sample * costs.buffer_factor + costs.request_bytes
-    in_flight = queued * waiting + n * batch * executing if saturated else 0
+    held = in_flight(model, shape)
+    in_flight_bytes = (
+        held.tensor_bytes * costs.buffer_factor
+        + held.requests * costs.request_bytes
+        + held.busy_instances * costs.busy_instance_bytes
+        if saturated
+        else 0
+    )
     return MemoryEstimate(
         baseline=costs.baseline_bytes,
         instances=n * costs.instance_bytes,
         weights=round(n * model.weight_bytes * costs.weight_factor),
         activations=round(n * batch * model.activation_bytes_per_sample * costs.activation_factor),
-        in_flight=round(in_flight),
+        in_flight=round(in_flight_bytes),
         unbounded=saturated and shape.queue_bound is None,
         assumed=costs.assumed,
     )

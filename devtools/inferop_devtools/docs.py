@@ -1,6 +1,7 @@
 """The docs site's generated reference pages: the InferenceService (spec and status) from the CRD schema, which is
-generated from the spec model, and the command line from its parsers. Nothing in them is written by hand, so they
-cannot drift: `python -m inferop_devtools.docs` writes them, `--check` (make check) fails when one differs.
+generated from the spec model, the command line from its parsers, and the memory model's figures from its constants,
+its margin and the peaks make field measured. Nothing in them is written by hand, so they cannot drift:
+`python -m inferop_devtools.docs` writes them, `--check` (make check) fails when one differs.
 """
 
 from __future__ import annotations
@@ -164,9 +165,99 @@ def cli_page() -> str:
     return "\n".join(lines)
 
 
+def memory_page() -> str:
+    """The memory model's constants, the limit's margin and where it comes from, and the estimate and the limit against
+    every measured peak: what tests/core/test_memory_measured.py checks, from the same functions."""
+    from dataclasses import asdict
+
+    from inferop_core.memory import LOCAL_RUNTIME
+    from inferop_core.quantity import format_bytes
+    from inferop_devtools.field.memory import (
+        LIMIT_OVER_PEAK_BOUND,
+        MEASURED,
+        estimated,
+        limit_over_peak,
+        margin_needed,
+    )
+    from inferop_operator.plan import MEMORY_MARGIN, memory_limit
+
+    data = json.loads(MEASURED.read_text())
+    points = estimated(data["points"])
+    sets = {name: [point for point in points if point["set"] == name] for name in ("fitted", "held_out")}
+
+    def error(point: dict[str, Any]) -> float:
+        return float(point["estimate_bytes"] / point["measured_bytes"] - 1)
+
+    def where(point: dict[str, Any]) -> str:
+        return (
+            f"{point['network']}, {point['instances']} instance{'s' if point['instances'] > 1 else ''} at "
+            f"maxBatchSize {point['max_batch_size']}, {point['state']}"
+        )
+
+    worst = min(sets["fitted"], key=error)
+    lines = [
+        "# Memory model reference",
+        "",
+        "Generated from the local runtime's constants (`inferop_core.memory.LOCAL_RUNTIME`), the memory limit's margin "
+        "(`inferop_operator.plan.MEMORY_MARGIN`) and the peaks measured in a memory cgroup by "
+        f"{data['source']} The estimate is explained in [The plan](../concepts/plan.md#memory-fit).",
+        "",
+        f"A manifest's memory limit is the peak estimate x {MEMORY_MARGIN}, in whole MiB rounded up: `inferop export` "
+        "writes it, and the `OOMKilled` advice suggests it. The margin is the largest measured peak over its estimate "
+        f"on the fit set, rounded up to hundredths ({margin_needed(sets['fitted'])}): {where(worst)}, "
+        f"{format_bytes(worst['measured_bytes'])} against {format_bytes(worst['estimate_bytes'])} estimated "
+        f"({error(worst):+.1%}, a ratio of {worst['measured_bytes'] / worst['estimate_bytes']:.3f}). Neither the "
+        "constants nor the margin were taken from the held-out points (other models, other shapes, wider batches): "
+        "that their limits cover them is the check. "
+        "`tests/core/test_memory_measured.py` fails when a limit is under its peak or more than "
+        f"{LIMIT_OVER_PEAK_BOUND:g}x it, or when the constants or the margin are not what these points give.",
+        "",
+        "| points | estimate against the peak | limit against the peak |",
+        "|---|---|---|",
+    ]
+    for name, title in (("fitted", "fit set"), ("held_out", "held out")):
+        chosen = sets[name]
+        errors = [error(point) for point in chosen]
+        ratios = [limit_over_peak(point) for point in chosen]
+        lines.append(
+            f"| {title} ({len(chosen)}) | {min(errors):+.1%} .. {max(errors):+.1%} | "
+            f"{min(ratios):.2f}x .. {max(ratios):.2f}x |"
+        )
+    lines += [
+        "",
+        "## Constants of the local runtime",
+        "",
+        f"{LOCAL_RUNTIME.measured}.",
+        "",
+        "| constant | value |",
+        "|---|---|",
+        *[
+            f"| `{name}` | {value:,} |"
+            for name, value in asdict(LOCAL_RUNTIME).items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+        ],
+        "",
+        "## Every measured point",
+        "",
+        "| set | model | instances | maxBatchSize | queue bound | state | measured peak | estimate | error | limit | "
+        "limit / peak |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *[
+            f"| {point['set']} | {point['network']} | {point['instances']} | {point['max_batch_size']} | "
+            f"{point['queue_bound']} | {point['state']} | {format_bytes(point['measured_bytes'])} | "
+            f"{format_bytes(point['estimate_bytes'])} | {error(point):+.1%} | "
+            f"{memory_limit(point['estimate_bytes'])} | {limit_over_peak(point):.2f} |"
+            for point in points
+        ],
+        "",
+    ]
+    return "\n".join(lines)
+
+
 PAGES: dict[Path, Callable[[], str]] = {
     REFERENCE / "inferenceservice.md": inference_service_page,
     REFERENCE / "cli.md": cli_page,
+    REFERENCE / "memory.md": memory_page,
 }
 
 

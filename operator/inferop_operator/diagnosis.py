@@ -153,7 +153,8 @@ def oom_advice(where: str, container: Mapping[str, Any], required_bytes: int | N
     if limit is None or estimate >= limit:
         return (
             f"{said}; the memory model estimates {format_bytes(estimate)} with the queue full: set "
-            f"resources.limits.memory to {fits} (the estimate x {MEMORY_MARGIN}, as inferop export sizes it)"
+            f"resources.limits.memory to {fits} (the estimate x {MEMORY_MARGIN}, the margin that covers the worst "
+            "underestimate measured, as inferop export sizes it)"
         )
     grown = memory_limit(limit)
     return (

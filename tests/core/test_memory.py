@@ -30,6 +30,7 @@ COSTS = RuntimeCosts(
     activation_factor=1.5,
     buffer_factor=3.0,
     request_bytes=500,
+    busy_instance_bytes=4000,
     measured="made up for the tests",
 )
 MODEL = ModelCosts(weight_bytes=100 * MiB, activation_bytes_per_sample=10 * MiB, io_bytes_per_sample=1000)
@@ -49,9 +50,9 @@ class TestEstimateMemory:
         assert estimate.instances == 2 * 10 * MiB
         assert estimate.weights == 2 * 2.0 * 100 * MiB
         assert estimate.activations == 2 * 8 * 1.5 * 10 * MiB
-        # queued + in execution, 3 copies of the tensors and 500 bytes of request each
-        assert estimate.in_flight == (16 + 2 * 8) * (1000 * 3.0 + 500)
-        assert estimate.total == (100 + 20 + 400 + 240) * MiB + 112_000
+        # queued + in execution, 3 copies of the tensors and 500 bytes of request each; 4000 bytes per busy instance
+        assert estimate.in_flight == (16 + 2 * 8) * (1000 * 3.0 + 500) + 2 * 4000
+        assert estimate.total == (100 + 20 + 400 + 240) * MiB + 120_000
         assert not estimate.unbounded
 
     def test_instances_scale_all_but_the_baseline(self) -> None:
@@ -69,6 +70,18 @@ class TestEstimateMemory:
         after = estimate_memory(MODEL, replace(SHAPE, max_batch_size=2 * SHAPE.max_batch_size), COSTS, saturated=False)
         assert (after.baseline, after.instances, after.weights) == (before.baseline, before.instances, before.weights)
         assert after.activations == 2 * before.activations
+
+    def test_a_queued_request_holds_its_inputs_an_executing_one_its_outputs_too(self) -> None:
+        model = replace(MODEL, input_bytes_per_sample=600)  # 400 bytes of outputs a sample
+        estimate = estimate_memory(model, SHAPE, COSTS)
+        assert estimate.in_flight == 16 * (600 * 3.0 + 500) + 2 * 8 * (1000 * 3.0 + 500) + 2 * 4000
+
+    def test_each_busy_instance_adds_its_bytes_whatever_its_batch(self) -> None:
+        one = estimate_memory(MODEL, ServingShape(1, 8, 16), COSTS)
+        two = estimate_memory(MODEL, ServingShape(2, 8, 16), COSTS)
+        assert two.in_flight - one.in_flight == 8 * (1000 * 3.0 + 500) + 4000  # its batch in execution, and itself
+        wider = estimate_memory(MODEL, ServingShape(1, 32, 16), COSTS)
+        assert wider.in_flight - one.in_flight == 24 * (1000 * 3.0 + 500)
 
     def test_each_queued_request_adds_its_tensors(self) -> None:
         short = estimate_memory(MODEL, ServingShape(2, 8, 16), COSTS)
@@ -99,7 +112,7 @@ class TestEstimateMemory:
     def test_an_unbounded_queue_is_flagged(self) -> None:
         estimate = estimate_memory(MODEL, ServingShape(2, 8, None), COSTS)
         assert estimate.unbounded
-        assert estimate.in_flight == 2 * 8 * (1000 * 3.0 + 500)  # only what is in execution can be counted
+        assert estimate.in_flight == 2 * 8 * (1000 * 3.0 + 500) + 2 * 4000  # only what is in execution can be counted
         assert "in-flight requests (queue unbounded)" in estimate.explain()
 
     def test_an_idle_unbounded_queue_is_not_flagged(self) -> None:
@@ -115,7 +128,7 @@ class TestExplain:
     def test_lists_every_term_and_the_total(self) -> None:
         estimate = estimate_memory(MODEL, SHAPE, COSTS)
         assert estimate.explain() == (
-            "100Mi runtime + 20Mi instances + 400Mi weights + 240Mi activations + 109Ki in-flight requests = 760Mi"
+            "100Mi runtime + 20Mi instances + 400Mi weights + 240Mi activations + 117Ki in-flight requests = 760Mi"
         )
 
     @pytest.mark.parametrize("costs", RUNTIMES)

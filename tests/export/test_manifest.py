@@ -97,6 +97,7 @@ def peak(serving: ServingConfig, spec: InferenceServiceSpec) -> int:
         + round(
             serving.max_queue_size * (inputs * costs.buffer_factor + costs.request_bytes)
             + n * batch * (io * costs.buffer_factor + costs.request_bytes)
+            + n * costs.busy_instance_bytes
         )
     )
 

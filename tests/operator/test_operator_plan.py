@@ -13,7 +13,7 @@ import yaml
 from inferop_core.memory import CONTAINER_RUNTIME, GPU_RUNTIME, RuntimeCosts
 from inferop_core.quantity import format_bytes, parse_quantity
 from inferop_core.tritonconfig import parse_model_config, render_model_config
-from inferop_operator.plan import Plan, Refusal, plan_service
+from inferop_operator.plan import MEMORY_MARGIN, Plan, Refusal, plan_service
 from inferop_operator.settings import OperatorSettings
 from inferop_operator.spec import parse_spec
 from tests.specs import EXAMPLES
@@ -61,9 +61,12 @@ def image_spec(**sections: Any) -> dict[str, Any]:
 def in_flight_by_hand(
     io_bytes: int, input_bytes: int, instances: int, batch: int, queue: int, costs: RuntimeCosts = CONTAINER_RUNTIME
 ) -> float:
-    """Queued requests hold their inputs; executing ones their inputs and outputs; each its request bytes too."""
-    return queue * (input_bytes * costs.buffer_factor + costs.request_bytes) + instances * batch * (
-        io_bytes * costs.buffer_factor + costs.request_bytes
+    """Queued requests hold their inputs; executing ones their inputs and outputs; each its request bytes too; and
+    each instance, busy, its busy-instance bytes."""
+    return (
+        queue * (input_bytes * costs.buffer_factor + costs.request_bytes)
+        + instances * batch * (io_bytes * costs.buffer_factor + costs.request_bytes)
+        + instances * costs.busy_instance_bytes
     )
 
 
@@ -431,7 +434,7 @@ class TestMemoryFit:
             )
         )
         one = GPU_RUNTIME.instance_bytes + 100 * MI * GPU_RUNTIME.weight_factor + 8 * MI * GPU_RUNTIME.activation_factor
-        assert result.serving.gpu_memory_limit_bytes == pytest.approx(one * 1.25, abs=1)
+        assert result.serving.gpu_memory_limit_bytes == pytest.approx(one * MEMORY_MARGIN, abs=1)
 
     def test_cpu_instances_get_no_gpu_memory_limit(self) -> None:
         assert plan(raw_spec(resources={"limits": {"cpu": "1"}})).serving.gpu_memory_limit_bytes is None

@@ -56,6 +56,7 @@ def peak(instances: int = 2, batch: int = 8, queue: int = 2 * 2 * 8) -> int:
         + round(
             queue * (INPUT_BYTES * costs.buffer_factor + costs.request_bytes)
             + instances * batch * (IO_BYTES * costs.buffer_factor + costs.request_bytes)
+            + instances * costs.busy_instance_bytes
         )
     )
 
@@ -637,8 +638,9 @@ class TestPodsHealthy:
         found = healthy([pod(memory_limit="512Mi", last_state=OOM, state=BACK_OFF)], memory_bytes=800 * MI)
         assert (found.status, found.reason) == ("False", "OOMKilled")
         assert "container triton of pod conv-net-abc-1 was OOM-killed at its memory limit of 512Mi" in found.message
-        # 800Mi x 1.25 = 1000Mi: the size export would have written
-        assert "estimates 800Mi with the queue full: set resources.limits.memory to 1000Mi" in found.message
+        # 800Mi x 1.28 = 1024Mi: the size export would have written
+        assert "estimates 800Mi with the queue full: set resources.limits.memory to 1024Mi" in found.message
+        assert "(the estimate x 1.28, the margin that covers the worst underestimate measured" in found.message
 
     def test_oom_kill_above_the_estimate_says_by_how_much_it_was_exceeded(self) -> None:
         found = healthy([pod(memory_limit="1Gi", ready=True, last_state=OOM)], memory_bytes=800 * MI)
@@ -646,7 +648,7 @@ class TestPodsHealthy:
         assert "above the memory model's estimate of 800Mi" in found.message
         assert "needed at least 224Mi (28%) more than estimated" in found.message
         assert "raise runtime.memoryOverhead by at least that" in found.message
-        assert "set resources.limits.memory to 1280Mi" in found.message
+        assert "set resources.limits.memory to 1311Mi (the limit x 1.28)" in found.message  # 1024Mi x 1.28, rounded up
 
     def test_crash_loop_gives_the_last_termination(self) -> None:
         found = healthy([pod(state=BACK_OFF, last_state=CRASH)])

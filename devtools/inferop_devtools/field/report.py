@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from inferop_core.quantity import format_bytes
+from inferop_devtools.field.memory import LIMIT_OVER_PEAK_BOUND
 from inferop_devtools.field.pods import OUT, MiB, verdict
 from inferop_devtools.field.threads import LOADS, POLICIES
 
@@ -42,7 +43,11 @@ def plot_drill(name: str, drill: dict[str, Any]) -> str | None:
             )  # fmt: skip
         top = max(row["measured_bytes"] for row in (*drill["fitted"], *drill["held_out"])) / MiB * 1.1
         axis.plot([0, top], [0, top], color="black", linewidth=0.8, label="estimate = measured")
-        axis.fill_between([0, top], [0, 0.75 * top], [0, 1.25 * top], color="grey", alpha=0.2, label="+-25%")
+        low, high = 1 / drill["margin"], LIMIT_OVER_PEAK_BOUND / drill["margin"]
+        axis.fill_between(
+            [0, top], [0, low * top], [0, high * top], color="grey", alpha=0.2,
+            label=f"limit (x {drill['margin']}) covers the peak, at most {LIMIT_OVER_PEAK_BOUND:g}x",
+        )  # fmt: skip
         axis.set_xlabel("measured peak (MiB)")
         axis.set_ylabel("estimate (MiB)")
         axis.set_title("memory model against the cgroup's measured peak")
@@ -170,7 +175,8 @@ def memory_section(drill: dict[str, Any]) -> list[str]:
     lines.append(
         "Estimates from the constants in core/inferop_core/memory.py (LOCAL_RUNTIME), fitted on the first table's "
         "models; the second table is held out (shapes and batches the fit never saw). Each point served at the derived "
-        "queue bound, measured idle and saturated. `refit`: the constants fitted again on this run's fit set."
+        f"queue bound, measured idle and saturated. `limit`: the estimate x {drill['margin']} (plan.MEMORY_MARGIN) in "
+        "whole MiB, over the measured peak. `refit`: the constants fitted again on this run's fit set."
     )
     for key, title in (("fitted", "Fit set"), ("held_out", "Held out")):
         lines += [
@@ -178,22 +184,31 @@ def memory_section(drill: dict[str, Any]) -> list[str]:
             f"{title}:",
             "",
             "| model | inputs | instances | maxBatchSize | queue bound | state | measured | estimate | error | "
-            "refit error |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "limit / peak | refit error |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in drill[key]:
-            lines.append(
+            point = (
                 f"| {row['network']} | {row['inputs']} | {row['instances']} | {row['max_batch_size']} | "
-                f"{row['queue_bound']} | {row['state']} | {format_bytes(row['measured_bytes'])} | "
-                f"{format_bytes(row['estimate_bytes'])} | {row['error']:+.1%} | {row['refit_error']:+.1%} |"
-                if row.get("reached", True)
-                else f"{format_bytes(row['estimate_bytes'])} | queue never filled | not judged |"
+                f"{row['queue_bound']} | {row['state']} | "
+            )
+            lines.append(
+                point
+                + (
+                    f"{format_bytes(row['measured_bytes'])} | {format_bytes(row['estimate_bytes'])} | "
+                    f"{row['error']:+.1%} | {row['limit_over_peak']:.2f} | {row['refit_error']:+.1%} |"
+                    if row.get("reached", True)
+                    else f"queue never filled | {format_bytes(row['estimate_bytes'])} | not judged | | |"
+                )
             )
     worst_fit, worst_held = drill["worst_error_fitted"], drill["worst_error_held_out"]
+    low, high = drill["limit_over_peak_held_out"] or (float("nan"), float("nan"))
     lines += [
         "",
         f"Worst error: held out {worst_held:.1%} (refit {drill['worst_refit_error_held_out']:.1%}); on the fit set "
-        f"{worst_fit:.1%}. Refit constants: `{drill['refit']}`.",
+        f"{worst_fit:.1%}. The fit set needs a margin of {drill['margin_needed_fitted']} (plan.MEMORY_MARGIN: "
+        f"{drill['margin']}); held out, the limit is {low:.2f}x .. {high:.2f}x the peak. Refit constants: "
+        f"`{drill['refit']}`.",
     ]
     oom = drill["oom"]
     lines += [
