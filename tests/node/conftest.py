@@ -35,7 +35,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster,
     try:
         assert up.returncode == 0, up.stderr
         node = Node(Layout(state_dir))
-        busybox = Images(images_cache(), str(CTR)).ensure(node.layout.containerd_socket, [busybox_image(files)])
+        busybox = Images(images_cache(), str(CTR)).ensure(node.containerd_socket, [busybox_image(files)])
         yield Cluster(state_dir, up.stdout), busybox["busybox"], before
     finally:
         cli("down", "--state-dir", str(state_dir))

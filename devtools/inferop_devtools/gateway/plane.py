@@ -219,7 +219,7 @@ class GatewayPlane:
         assert node is not None
         files = built(NODE_SCRIPT, "the node's packages and files")
         specs = [envoy_gateway_image(gateway_bin), envoy_image(files, gateway_bin)]
-        images = Images(images_cache(), str(CTR)).ensure(node.layout.containerd_socket, specs)
+        images = Images(images_cache(), str(CTR)).ensure(node.containerd_socket, specs)
         stack.enter_context(node.site.network())  # before any thread: everything below runs in the node's network
         kubeconfig = self.drill.plane.kubeconfig
         started = time.monotonic()
