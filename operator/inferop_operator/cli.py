@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import functools
 import logging
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 # After SIGTERM (or Ctrl-C) kopf stops gracefully, but it waits for every handler thread to return, and a
@@ -32,6 +34,10 @@ MALLOC_OPTIONS = [
     (M_TRIM_THRESHOLD, LARGE_BUFFER_BYTES),
 ]
 log = logging.getLogger("inferop.operator")
+# kopf logs every failed attempt of a request it retries, each at ERROR: an API server that is gone for a minute
+# gave dozens of lines. One line of them per RETRY_LINE_SECONDS says the same.
+RETRY_LINE_SECONDS = 30.0
+API_PROBE_SECONDS = 2.0  # how often the operator checks that the API server answers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +73,71 @@ def hold_memory_down(period: float = TRIM_PERIOD_SECONDS) -> bool:
     return tuned
 
 
+class OneLinePerOutage(logging.Filter):
+    """Lets through one line of each kind that an unreachable API server makes repeat (kopf's retries of each
+    request, the client library's, the handlers' temporary failures) per `seconds`, saying how many it held back;
+    other lines pass."""
+
+    KINDS = ("failed; will retry", "Retrying (Retry(", "the API server cannot be reached")
+
+    def __init__(self, seconds: float = RETRY_LINE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.seconds, self.clock = seconds, clock
+        self.last: dict[str, float] = {}
+        self.held: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        kind = next((kind for kind in self.KINDS if kind in message), None)
+        if kind is None:
+            return True
+        now, last = self.clock(), self.last.get(kind)
+        if last is not None and now - last < self.seconds:
+            self.held[kind] = self.held.get(kind, 0) + 1
+            return False
+        if held := self.held.pop(kind, 0):
+            record.msg, record.args = (
+                f"{message} ({held} more like it in the last {now - (now if last is None else last):.0f} s)",
+                (),
+            )
+        self.last[kind] = now
+        return True
+
+
+def api_lost(answers: Callable[[], bool], lost_seconds: float, ended: threading.Event, period: float) -> bool:
+    """Block until the API server has not answered (`answers()` false) for `lost_seconds` on end (True, said in one
+    line), or until `ended` (False)."""
+    failing_since: float | None = None
+    while not ended.is_set():
+        now = time.monotonic()
+        if answers():
+            failing_since = None
+        elif failing_since is None:
+            failing_since = now
+        elif now - failing_since >= lost_seconds:
+            log.error(
+                "the API server has not answered for %g s: stopping (start the operator again once it is back)",
+                lost_seconds,
+            )
+            return True
+        ended.wait(period)
+    return False
+
+
+def api_answers(api: Any) -> bool:
+    """Whether the API server behind client `api` answers at all (any HTTP status counts: it is there)."""
+    import urllib3
+    from kubernetes import client
+
+    try:
+        client.VersionApi(api).get_code(_request_timeout=API_PROBE_SECONDS)
+    except client.ApiException:
+        return True
+    except (urllib3.exceptions.HTTPError, OSError):
+        return False
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     import kopf
 
@@ -80,11 +151,14 @@ def run(args: argparse.Namespace) -> int:
         kopf.LogFormat.JSON if (args.log_format or operator_settings.log_format) == "json" else kopf.LogFormat.PLAIN
     )
     kopf.configure(verbose=args.verbose, log_format=log_format)
+    for handler in logging.getLogger().handlers:  # kopf's, on the root logger: every logger's lines pass them
+        handler.addFilter(OneLinePerOutage())
     settings = kopf.OperatorSettings()
     # Exact namespaces need no watching of Namespaces and CRDs across the cluster, nor RBAC for it.
     settings.scanning.disabled = bool(args.namespace)
-    asyncio.run(
+    lost = asyncio.run(
         operate(
+            operator_settings.api_lost_seconds,
             # One replica with a Recreate strategy: no peering needed to avoid two operators at once.
             standalone=True,
             clusterwide=not args.namespace,
@@ -94,12 +168,15 @@ def run(args: argparse.Namespace) -> int:
             registry=handlers.registry(operator_settings),
         )
     )
-    return 0
+    return 1 if lost else 0
 
 
-async def operate(**options: Any) -> None:
-    """kopf.operator() with our own SIGTERM/SIGINT handling: a stop flag for kopf and a deadline for the rest."""
+async def operate(api_lost_seconds: float, **options: Any) -> bool:
+    """kopf.operator() with our own SIGTERM/SIGINT handling (a stop flag for kopf and a deadline for the rest), and
+    a stop when the API server has been gone for `api_lost_seconds`; True after that stop."""
     import kopf
+
+    from inferop_operator.kubeapi import load_client
 
     existing = asyncio.all_tasks()
     stop = asyncio.Event()
@@ -108,20 +185,37 @@ async def operate(**options: Any) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         # Replaces kopf's own handler (installed by spawn_tasks), which would wait without a bound.
         loop.add_signal_handler(signum, begin_stop, signum, stop)
+    ended, lost = threading.Event(), threading.Event()
+
+    api = load_client(1)  # now: the kubeconfig may be gone by the time the API server is
+
+    def watch() -> None:  # a thread of its own: kopf's handler threads may all be waiting on the API server
+        if api_lost(functools.partial(api_answers, api), api_lost_seconds, ended, API_PROBE_SECONDS):
+            lost.set()
+            loop.call_soon_threadsafe(stop_within_deadline, stop, 1)
+
+    threading.Thread(target=watch, name="api-lost", daemon=True).start()
     await kopf.run_tasks(tasks, ignored=existing)
+    ended.set()
+    return lost.is_set()
 
 
 def begin_stop(signum: signal.Signals, stop: asyncio.Event) -> None:
     if stop.is_set():
         return  # the deadline already runs
     log.info("%s received: stopping, within %g s", signum.name, STOP_SECONDS)
+    stop_within_deadline(stop, code=0)
+
+
+def stop_within_deadline(stop: asyncio.Event, code: int) -> None:
+    """Ask kopf to stop, and exit with `code` after STOP_SECONDS if it has not."""
     stop.set()
-    deadline = threading.Timer(STOP_SECONDS, exit_now)
+    deadline = threading.Timer(STOP_SECONDS, exit_now, args=(code,))
     deadline.daemon = True  # a stop that finishes in time leaves it behind
     deadline.start()
 
 
-def exit_now() -> None:
+def exit_now(code: int = 0) -> None:
     """The graceful stop ran out of time: exit without the threads still waiting on the API server."""
     waiting = [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
     log.warning(
@@ -133,4 +227,4 @@ def exit_now() -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)

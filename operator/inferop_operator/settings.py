@@ -63,6 +63,14 @@ class OperatorSettings(BaseSettings):
             "and served) before it exits saying so."
         ),
     )
+    api_lost_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "How long the API server may stay unreachable before the operator exits saying so (non-zero: its pod "
+            "restarts it); a restarted control plane is back within seconds."
+        ),
+    )
     rollout_tick_seconds: float = Field(
         default=2.0, gt=0, le=60, description="How often a rollout in progress looks at its pods, route and analysis."
     )

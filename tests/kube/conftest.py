@@ -112,8 +112,8 @@ def own_plane(tmp_path: Path) -> Iterator[ControlPlane]:
         pytest.fail(f"Kubernetes is not built: {error}")
     with ControlPlane(tmp_path / "cluster", bin_dir=bin_dir) as control_plane:
         yield control_plane
-        apiserver = (control_plane.state() or {})["processes"]["kube-apiserver"]
-        if process_running(apiserver["pid"], apiserver["executable"]):
+        apiserver = ((control_plane.state() or {}).get("processes") or {}).get("kube-apiserver")  # none: stopped
+        if apiserver and process_running(apiserver["pid"], apiserver["executable"]):
             os.kill(apiserver["pid"], signal.SIGCONT)  # a frozen apiserver must run again to stop
 
 

@@ -66,3 +66,26 @@ def test_an_operator_whose_crd_never_comes_exits_saying_so(
 
     assert code != 0, log.read_text()[-3000:]
     assert "does not serve inferenceservices" in log.read_text() and "install the CRD" in log.read_text()
+
+
+def test_an_operator_whose_control_plane_goes_away_stops_with_one_line(
+    own_plane: ControlPlane, tmp_path: Path, stopped_at_the_end: list[subprocess.Popen[bytes]]
+) -> None:
+    kubectl = Kubectl(own_plane.kubeconfig, kube_tools())
+    install_crd(kubectl, own_plane.release)
+    kubectl.run("create", "namespace", NAMESPACE)
+    log = tmp_path / "operator.log"
+    process = operator_process(own_plane.kubeconfig, log, "--namespace", NAMESPACE, api_lost_seconds="10")
+    stopped_at_the_end.append(process)
+    assert kubectl.apply(NAMESPACE, EXAMPLES / "conv-net.yaml").returncode == 0
+    wait_reconciled(kubectl, process, log, NAMESPACE, "conv-net")
+    before = len(log.read_text().splitlines())
+
+    own_plane.down()
+    code = process.wait(timeout=60)  # 10 s without an answer, then kopf's stop (at most 4 s)
+
+    after = log.read_text().splitlines()[before:]
+    assert code == 1, "\n".join(after)
+    assert sum("has not answered for 10 s: stopping" in line for line in after) == 1, "\n".join(after)
+    # kopf's retries of its watches, one line per 30 s of them, not one per attempt.
+    assert sum("will retry" in line for line in after) <= 2, "\n".join(after)
