@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from inferop.paths import repo_root
-from inferop_operator.analysis import series_label
+from inferop_operator.analysis import RULE_CLUSTER, series_label
 from inferop_operator.identity import COMPONENT, INSTANCE, TRITON_CONTAINER
 
 DASHBOARD_PATH = repo_root() / "charts" / "inferop" / "dashboards" / "inferop.json"
@@ -32,9 +32,11 @@ SERVICE = f'namespace="$namespace",{series_label(INSTANCE)}="$service"'
 # The Triton container of the service's pods, as the kubelet's cAdvisor series name it.
 CONTAINER = f'namespace="$namespace",pod=~"$service-.*",container="{TRITON_CONTAINER}"'
 RATE = "[$__rate_interval]"
-# The clusters Envoy Gateway makes for the rules of the service's HTTPRoute (named after the service); a mirror's
-# cluster (rule/N-mirror-M) is left out: no caller waits for it.
-ROUTE_RULES = 'envoy_cluster_name=~"httproute/$namespace/$service/rule/[0-9]+"'
+# The clusters Envoy Gateway makes for the backends of the service's HTTPRoute (named after the service): one a
+# backendRef, as the operator writes the route (analysis.route_clusters), or one a rule, as routes written before;
+# a mirror's cluster (rule/N-mirror-M) is left out: no caller waits for it.
+ROUTE_CLUSTERS = RULE_CLUSTER.format(namespace="$namespace", route="$service", rule="[0-9]+") + "(/backend/[0-9]+)?"
+ROUTE_RULES = f'envoy_cluster_name=~"{ROUTE_CLUSTERS}"'
 # Envoy's stats flush (its bootstrap's stats_flush_interval; Envoy Gateway keeps the default): the histograms that
 # /stats/prometheus serves change only then, while counters move with every request.
 ENVOY_STATS_FLUSH_SECONDS = 5
@@ -130,7 +132,7 @@ PANELS = (
         "Latency at the gateway",
         "ms",
         "Quantiles of the time the gateway's Envoy waited for the service's pods to answer (Envoy's histogram of "
-        "upstream request time, over every rule of the service's HTTPRoute): what callers through the Gateway "
+        "upstream request time, over every backend of the service's HTTPRoute): what callers through the Gateway "
         "wait, less the network to the gateway. Only for a service routed through a Gateway of Envoy Gateway, "
         "whose Envoy pods Prometheus scrapes (/stats/prometheus); Envoy's buckets (0.5, 1, 5, 10, 25, 50, 100, "
         "250, 500 ms, 1 s...) bound the resolution. Envoy updates these histograms once per stats flush (5 s), so "

@@ -1,22 +1,35 @@
-"""A rollout step's figures from Prometheus: each track's requests, failures and time in Triton over one window.
+"""A rollout step's figures from Prometheus: each track's requests, failures and time in Triton over one window, and,
+through a Gateway of Envoy Gateway, what its Envoy saw of each track's backends.
 
 Triton's counters (nv_inference_request_success, _failure, _duration_us) per model, scraped from every pod with
 the pod's labels (the chart's PodMonitor keeps app.kubernetes.io/instance and app.kubernetes.io/component). The
-increases over the window are summed over a track's pods. Prometheus that cannot be reached, or answers an error,
-is `PrometheusUnreachable`: the rollout holds, never promotes blind.
+increases over the window are summed over a track's pods.
+
+Envoy's cluster stats (upstream_rq_total, upstream_rq_xx, upstream_rq_rx_reset, upstream_cx_connect_fail and the
+upstream_rq_time histogram), scraped from the Gateway's Envoy pods as Envoy Gateway's docs show, labelled with
+envoy_cluster_name. Envoy Gateway puts a rule's backends in one cluster, where nothing in Envoy's stats tells them
+apart (each is a locality of the cluster); a filter on a backendRef makes it give each backend a cluster of its own
+(its internal/ir/xds.go, RouteDestination.NeedsClusterPerSetting, v1.9.0), which the operator's HTTPRoute has on
+every backendRef (builders.build_http_route). `route_clusters` names them as Envoy Gateway does.
+
+Prometheus that cannot be reached, or answers an error, is `PrometheusUnreachable`: the rollout holds, never
+promotes blind.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from inferop_core.errors import InferopError
 from inferop_operator.identity import COMPONENT, COMPONENTS, INSTANCE, Track
-from inferop_operator.rollout import TrackFigures, track_figures
+from inferop_operator.rollout import GatewayFigures, TrackFigures, gateway_figures, track_figures
 
 QUERY_TIMEOUT = 10.0  # seconds a query may take
 COUNTERS = {
@@ -24,6 +37,22 @@ COUNTERS = {
     "failures": "nv_inference_request_failure",
     "duration_us": "nv_inference_request_duration_us",
 }
+# Envoy's stats of a cluster: requests sent (static, served at 0 before the first request: its series tells a cluster
+# Envoy has from one Prometheus does not see), 5xx answers (made at the first; a refused connection or a reset before
+# the answer included, which Envoy answers 503), the pods' resets and failed connections, and the time to the answer.
+ENVOY_REQUESTS = "envoy_cluster_upstream_rq_total"
+ENVOY_ANSWERS = "envoy_cluster_upstream_rq_xx"  # by envoy_response_code_class
+ENVOY_RESETS = "envoy_cluster_upstream_rq_rx_reset|envoy_cluster_upstream_cx_connect_fail"
+ENVOY_TIME = "envoy_cluster_upstream_rq_time_bucket"  # ms
+QUANTILE = 0.99
+# Envoy Gateway's cluster of rule `rule` of an HTTPRoute (internal/gatewayapi/helpers.go irRouteDestinationName),
+# of its backendRef `backend` where each backend has its own (irDestinationSettingName), and of the rule's
+# RequestMirror filter `filter` (internal/gatewayapi/filters.go: "<rule's>-mirror-<filter index>").
+RULE_CLUSTER = "httproute/{namespace}/{route}/rule/{rule}"
+BACKEND_CLUSTER = RULE_CLUSTER + "/backend/{backend}"
+MIRROR_CLUSTER = RULE_CLUSTER + "-mirror-{filter}"
+
+Ask = Callable[[str], "float | None"]  # an instant query's one value; None where it has no series, or NaN
 
 
 class PrometheusUnreachable(InferopError, RuntimeError):
@@ -46,8 +75,9 @@ def selector(namespace: str, service: str, model: str, track: Track) -> str:
     return ",".join(f'{key}="{value}"' for key, value in labels.items())
 
 
-def query(base_url: str, promql: str, timeout: float = QUERY_TIMEOUT) -> float:
-    """The one value of an instant query (0 where it has no series: no request in the window)."""
+def ask(base_url: str, promql: str, timeout: float = QUERY_TIMEOUT) -> float | None:
+    """The one value of an instant query: None where it has no series (nothing scraped matches), or is NaN (a
+    quantile of no request)."""
     url = f"{base_url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
@@ -58,16 +88,95 @@ def query(base_url: str, promql: str, timeout: float = QUERY_TIMEOUT) -> float:
         raise PrometheusUnreachable(f"Prometheus at {base_url} answered {answer.get('error') or answer}")
     results = answer.get("data", {}).get("result", [])
     if not results:
-        return 0.0
+        return None
     value = float(results[0]["value"][1])
-    return 0.0 if math.isnan(value) else value
+    return None if math.isnan(value) else value
+
+
+def query(base_url: str, promql: str, timeout: float = QUERY_TIMEOUT) -> float:
+    """The one value of an instant query (0 where it has no series: no request in the window)."""
+    return ask(base_url, promql, timeout) or 0.0
+
+
+def window_text(seconds: float) -> str:
+    return f"{max(math.ceil(seconds), 1)}s"
 
 
 def track_window(base_url: str, namespace: str, service: str, model: str, track: Track, seconds: float) -> TrackFigures:
-    """One track's figures over the last `seconds`."""
-    window = f"{max(math.ceil(seconds), 1)}s"
+    """One track's figures in Triton over the last `seconds`."""
     where = selector(namespace, service, model, track)
     values = {
-        name: query(base_url, f"sum(increase({metric}{{{where}}}[{window}]))") for name, metric in COUNTERS.items()
+        name: query(base_url, f"sum(increase({metric}{{{where}}}[{window_text(seconds)}]))")
+        for name, metric in COUNTERS.items()
     }
     return track_figures(values["successes"], values["failures"], values["duration_us"])
+
+
+def route_clusters(route: Mapping[str, Any], namespace: str, tracks: Mapping[str, Track]) -> dict[Track, list[str]]:
+    """The Envoy clusters that carry each track's requests of `route` (an HTTPRoute as build_http_route writes it,
+    every backendRef with a filter), by the Service each names (`tracks`: Service name -> track): one cluster per
+    backendRef of each rule, and a RequestMirror filter's own (mirrored requests are the candidate's too: their
+    answers are discarded, their errors and time are its own)."""
+    name = (route.get("metadata") or {}).get("name")
+    found: dict[Track, list[str]] = {"stable": [], "candidate": []}
+    for index, rule in enumerate((route.get("spec") or {}).get("rules") or []):
+        for backend, ref in enumerate(rule.get("backendRefs") or []):
+            track = tracks.get(str(ref.get("name")))
+            if track is not None:
+                found[track].append(
+                    BACKEND_CLUSTER.format(namespace=namespace, route=name, rule=index, backend=backend)
+                )
+        for position, step in enumerate(rule.get("filters") or []):
+            mirrored = (step.get("requestMirror") or {}).get("backendRef") or {}
+            track = tracks.get(str(mirrored.get("name"))) if step.get("type") == "RequestMirror" else None
+            if track is not None:
+                found[track].append(MIRROR_CLUSTER.format(namespace=namespace, route=name, rule=index, filter=position))
+    return found
+
+
+def cluster_matcher(clusters: list[str]) -> str:
+    """A series matcher for exactly these clusters (a regular expression, which Prometheus anchors), in PromQL: each
+    name's metacharacters escaped, and the escapes escaped in the string literal."""
+    pattern = "|".join(re.sub(r"([.\\+*?()|\[\]{}^$])", r"\\\1", cluster) for cluster in clusters)
+    return 'envoy_cluster_name=~"{}"'.format(pattern.replace("\\", "\\\\"))
+
+
+def gateway_queries(clusters: list[str], seconds: float) -> dict[str, str]:
+    """The PromQL of a track's figures at the gateway over the last `seconds`, summed over its clusters and over the
+    Gateway's Envoy pods."""
+    where, window = cluster_matcher(clusters), window_text(seconds)
+    return {
+        "requests": f"sum(increase({ENVOY_REQUESTS}{{{where}}}[{window}]))",
+        "errors": f'sum(increase({ENVOY_ANSWERS}{{{where},envoy_response_code_class="5"}}[{window}]))',
+        "resets": f'sum(increase({{__name__=~"{ENVOY_RESETS}",{where}}}[{window}]))',
+        "p99_ms": f"histogram_quantile({QUANTILE}, sum by (le) (increase({ENVOY_TIME}{{{where}}}[{window}])))",
+    }
+
+
+def gateway_window(answer: Ask, clusters: list[str], seconds: float) -> GatewayFigures | None:
+    """One track's figures at the gateway over the last `seconds` (`answer` asks Prometheus), or None where
+    Prometheus has no series of its clusters: no cluster (no backend of the track), or no Envoy it scrapes."""
+    if not clusters:
+        return None
+    queries = gateway_queries(clusters, seconds)
+    requests = answer(queries["requests"])
+    if requests is None:
+        return None
+    errors, resets = answer(queries["errors"]) or 0.0, answer(queries["resets"]) or 0.0
+    return gateway_figures(requests, errors, resets, answer(queries["p99_ms"]))
+
+
+def prometheus_reader(
+    base_url: str, namespace: str, service: str, model: str, clusters: Mapping[Track, list[str]] | None
+) -> Callable[[Track, float], TrackFigures]:
+    """What an analysis reads of one track over the last `seconds`: Triton's figures and, where the service is
+    routed through a Gateway (`clusters`: route_clusters of its HTTPRoute), the gateway's."""
+
+    def read(track: Track, seconds: float) -> TrackFigures:
+        figures = track_window(base_url, namespace, service, model, track, seconds)
+        if clusters is None:
+            return figures
+        gateway = gateway_window(lambda promql: ask(base_url, promql), clusters[track], seconds)
+        return figures.model_copy(update={"gateway": gateway})
+
+    return read

@@ -20,10 +20,12 @@ from inferop_operator import identity, liveness
 from inferop_operator.identity import (
     API_VERSION,
     CANDIDATE_SUFFIX,
+    COMPONENTS,
     CONFIG_HASH_ANNOTATION,
     FETCH_CONTAINER,
     GATEWAY_GROUP,
     KIND,
+    TRACK_HEADER,
     TRITON_CONTAINER,
     Track,
     service_labels,
@@ -597,7 +599,12 @@ def build_network_policy(service: Service) -> dict[str, Any]:
 def build_http_route(service: Service, api_version: str) -> dict[str, Any]:
     """The HTTPRoute that attaches the service to its Gateway: callers to the stable Service, or split between it
     and the candidate's by weight; header-matched callers to the candidate; a share mirrored to it. Triton's HTTP
-    API only (gRPC callers use the Service)."""
+    API only (gRPC callers use the Service).
+
+    Each backendRef sets TRACK_HEADER to its track's component (a RequestHeaderModifier, Gateway API's extended
+    backendRef filter). With a filter on a backendRef, Envoy Gateway gives every backend of the rule a cluster of
+    its own (httproute/<namespace>/<route>/rule/<rule>/backend/<backend>) where it would put the rule's backends in
+    one: Envoy's stats then tell the tracks apart, which the rollout's analysis needs (analysis.route_clusters)."""
     gateway, traffic = service.routing.gateway, service.routing.traffic
     if gateway is None:
         raise ValueError("build_http_route needs a gateway")
@@ -608,9 +615,9 @@ def build_http_route(service: Service, api_version: str) -> dict[str, Any]:
         parent["sectionName"] = gateway.section_name
     stable = {"name": service.name, "port": HTTP_PORT}
     candidate = {"name": f"{service.name}{CANDIDATE_SUFFIX}", "port": HTTP_PORT}
-    default: dict[str, Any] = {"backendRefs": [{**stable, "weight": 100 - traffic.weight}]}
+    default: dict[str, Any] = {"backendRefs": [backend_ref(stable, "stable", 100 - traffic.weight)]}
     if service.candidate is not None and traffic.weight > 0:
-        default["backendRefs"].append({**candidate, "weight": traffic.weight})
+        default["backendRefs"].append(backend_ref(candidate, "candidate", traffic.weight))
     if service.candidate is not None and traffic.mirror_percent > 0:
         default["filters"] = [
             {"type": "RequestMirror", "requestMirror": {"backendRef": candidate, "percent": traffic.mirror_percent}}
@@ -619,7 +626,7 @@ def build_http_route(service: Service, api_version: str) -> dict[str, Any]:
     header = service.spec.rollout.header if service.spec.rollout is not None else None
     if service.candidate is not None and traffic.header and header is not None:
         match = {"headers": [{"type": "Exact", "name": header.name, "value": header.value}]}
-        rules.insert(0, {"matches": [match], "backendRefs": [{**candidate, "weight": 1}]})
+        rules.insert(0, {"matches": [match], "backendRefs": [backend_ref(candidate, "candidate", 1)]})
     spec: dict[str, Any] = {"parentRefs": [parent], "rules": rules}
     if gateway.hostnames:
         spec["hostnames"] = list(gateway.hostnames)
@@ -629,6 +636,15 @@ def build_http_route(service: Service, api_version: str) -> dict[str, Any]:
         "metadata": metadata(service, service.name),
         "spec": spec,
     }
+
+
+def backend_ref(service: dict[str, Any], track: Track, weight: int) -> dict[str, Any]:
+    """A backendRef of the HTTPRoute to one track's Service, naming its track in TRACK_HEADER."""
+    named = {
+        "type": "RequestHeaderModifier",
+        "requestHeaderModifier": {"set": [{"name": TRACK_HEADER, "value": COMPONENTS[track]}]},
+    }
+    return {**service, "weight": weight, "filters": [named]}
 
 
 ENVOY_GATEWAY_GROUP = "gateway.envoyproxy.io"
@@ -643,8 +659,9 @@ def build_admission_policy(service: Service, api_version: str) -> dict[str, Any]
     The bound is on the backend's parallel requests, counted when a request is handed to a connection: a request
     beyond it is refused then, never held waiting for one, and callers arriving together are not refused while
     connections open. It counts every pod the route may reach: the stable track's most (the autoscaler's maximum)
-    and, during a rollout, the candidate's. Fewer pods, or a rule reaching one track only, may be sent more than they
-    hold, which their own bound then rejects; never less. Each Envoy replica counts its own."""
+    and, during a rollout, the candidate's. Envoy Gateway sets it on each of the route's clusters, one a backend
+    (build_http_route): fewer pods, or one track's cluster, may be sent more than they hold, which their own bound
+    then rejects; never less. Each Envoy replica counts its own."""
     tracks = [(service, most_pods(service.spec))]
     if service.candidate is not None:
         tracks.append((service.candidate, service.routing.candidate_replicas))

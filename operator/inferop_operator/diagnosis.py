@@ -33,8 +33,8 @@ FETCH_FIELDS = {
 
 def pod_facts(pod: Mapping[str, Any]) -> dict[str, Any]:
     """What the pods index keeps of a pod: to explain its failures, its name, each container's memory limit, and
-    each container's state, last termination and readiness (init containers first); for a rollout's agreement
-    check, its track (component label), IP and readiness."""
+    each container's state, last termination, restarts and readiness (init containers first); for a rollout, its
+    track (component label), IP, readiness and whether it is being deleted."""
     spec, status = pod.get("spec") or {}, pod.get("status") or {}
     containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
     limits = {c.get("name"): ((c.get("resources") or {}).get("limits") or {}).get("memory") for c in containers}
@@ -50,6 +50,7 @@ def pod_facts(pod: Mapping[str, Any]) -> dict[str, Any]:
                 "waiting": state.get("waiting"),
                 "terminated": state.get("terminated"),
                 "lastTerminated": last.get("terminated"),
+                "restarts": int(item.get("restartCount") or 0),
             }
         )
     metadata = pod.get("metadata") or {}
@@ -59,6 +60,7 @@ def pod_facts(pod: Mapping[str, Any]) -> dict[str, Any]:
         "component": (metadata.get("labels") or {}).get(COMPONENT),
         "ip": status.get("podIP"),
         "ready": ready.get("status") == "True",
+        "terminating": bool(metadata.get("deletionTimestamp")),
         "containers": states,
     }
 
@@ -106,6 +108,53 @@ def diagnose(pods: Iterable[Mapping[str, Any]], required_bytes: int | None) -> D
             more = f" ({len(found) - 1} more container(s) likewise)" if len(found) > 1 else ""
             return Diagnosis(reason, found[0][1] + more)
     return None
+
+
+def candidate_failure(
+    pods: Iterable[Mapping[str, Any]], required_bytes: int | None, takes_traffic: bool
+) -> Diagnosis | None:
+    """What of a rollout's candidate pods (`pod_facts` of each, the candidate's only) fails it, whatever its metrics
+    say: a container OOM-killed (reason OOMKilled), in CrashLoopBackOff, a Triton container restarted (Restarted: a
+    new revision's pods have no reason to), or, while its step sends it live requests (`takes_traffic`), no Ready pod
+    (Unavailable: through a gateway, Envoy answers its share 503; split by replicas, it serves nothing to judge). A
+    failing pod serves no metrics, so these come from the API, not from Prometheus. None when none of these holds;
+    in that order when several do.
+
+    An init container that failed and was run again (a fetch from object storage retried) is not a restart: the pod
+    served nothing yet. A pod being deleted is not looked at: it may be a previous candidate's, rolled back for what
+    it reports."""
+    pods = sorted((pod for pod in pods if not pod.get("terminating")), key=lambda p: str(p.get("name")))
+    found: dict[str, list[str]] = {"OOMKilled": [], "CrashLoopBackOff": [], "Restarted": []}
+    for pod in pods:
+        for container in pod.get("containers") or []:
+            where = f"container {container.get('name')} of pod {pod.get('name')}"
+            waiting = container.get("waiting") or {}
+            ended = container.get("terminated") or container.get("lastTerminated") or {}
+            if ended.get("reason") == "OOMKilled":
+                found["OOMKilled"].append(oom_advice(where, container, required_bytes))
+            elif waiting.get("reason") == "CrashLoopBackOff":
+                found["CrashLoopBackOff"].append(crash_advice(where, ended))
+            elif container.get("name") == TRITON_CONTAINER and container.get("restarts"):
+                found["Restarted"].append(restart_message(where, container, ended))
+    for reason, messages in found.items():
+        if messages:
+            more = f" ({len(messages) - 1} more container(s) likewise)" if len(messages) > 1 else ""
+            return Diagnosis(reason, messages[0] + more)
+    if takes_traffic and not any(pod.get("ready") for pod in pods):
+        names = ", ".join(str(pod.get("name")) for pod in pods) or "none exists"
+        return Diagnosis(
+            "Unavailable",
+            f"no pod of the candidate is Ready ({names}) while its step sends it live requests",
+        )
+    return None
+
+
+def restart_message(where: str, container: Mapping[str, Any], ended: Mapping[str, Any]) -> str:
+    said = f"{where} restarted {container.get('restarts')} time(s)"
+    if not ended:
+        return f"{said}; `kubectl describe pod` shows why"
+    words = str(ended.get("message") or "").strip() or "no termination message"
+    return f"{said}; it last exited with code {ended.get('exitCode')} ({ended.get('reason') or 'no reason'}): {words}"
 
 
 def fetch_failure(ended: Mapping[str, Any]) -> tuple[str, str]:

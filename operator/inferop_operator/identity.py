@@ -35,6 +35,9 @@ MANAGED = {"app.kubernetes.io/managed-by": "inferop"}
 Track = Literal["stable", "candidate"]
 COMPONENTS: dict[Track, str] = {"stable": "predictor", "candidate": "canary"}
 CANDIDATE_SUFFIX = "-canary"  # the candidate's Deployment, Service and ConfigMap: <service>-canary
+# The header the HTTPRoute sets on each request it sends to a service's pods: the track's component. Its filter on
+# every backendRef is also what gives each backend its own Envoy cluster (builders.build_http_route).
+TRACK_HEADER = "inferop-track"
 # The stable Triton pods of every service: `selector_labels` less the instance, which names the service.
 PREDICTOR = {**MANAGED, COMPONENT: COMPONENTS["stable"]}
 # Every Triton pod of every service, stable or candidate, as a label selector string.

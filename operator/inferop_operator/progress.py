@@ -1,26 +1,32 @@
 """What a rollout in progress observes before the state machine (rollout.advance) takes its next step: the
-Deployments and pods (from the operator's in-memory indices), the HTTPRoute's acceptance by its Gateway, the
-agreement check against the pods, and the analysis from Prometheus. Each is asked only when the state needs it."""
+Deployments and pods (from the operator's in-memory indices), what the candidate's pods report, the HTTPRoute's
+acceptance by its Gateway, the agreement check against the pods, and the analysis from Prometheus. Each is asked
+only when the state needs it."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from inferop_operator.agreement import AgreementError, compare_revisions
-from inferop_operator.analysis import PrometheusUnreachable, track_window
-from inferop_operator.builders import HTTP_PORT, Service
+from inferop_operator.analysis import PrometheusUnreachable, prometheus_reader, route_clusters
+from inferop_operator.builders import HTTP_PORT, Service, build_http_route, candidate_name
+from inferop_operator.diagnosis import candidate_failure
 from inferop_operator.identity import COMPONENTS, ROUTE_API, Track
 from inferop_operator.kubeapi import KubeApi
 from inferop_operator.rollout import (
+    JUDGED_PHASES,
     AnalysisStatus,
     Observed,
     RolloutStatus,
+    TrackFigures,
     analysis_due,
+    analysis_window,
     judge,
     roll_back,
     seconds_of,
+    takes_live_traffic,
     timestamp,
 )
 from inferop_operator.spec import InferenceServiceSpec
@@ -100,12 +106,19 @@ def observe(
     candidate_deployment = deployments.get(service.candidate.object_name)
     candidate_ready = rolled_out(candidate_deployment, service.routing.candidate_replicas)
     settled = _traffic_settled(service, split, kube, stable_deployment, candidate_deployment)
+    failure = None
+    if state.phase in JUDGED_PHASES:  # from the pods index: no request to the API server
+        candidate_pods = [pod for pod in pods if pod.get("component") == COMPONENTS["candidate"]]
+        required = service.candidate.plan.memory.required_bytes
+        failure = candidate_failure(candidate_pods, required, takes_live_traffic(state))
     agreement = None
-    if state.phase == "Agreement" and candidate_ready and state.scaling_for is None:  # not once it agreed
-        agreement, state = _agreement(service, spec, state, pods, now)
+    if failure is None and state.phase == "Agreement" and candidate_ready and state.scaling_for is None:
+        agreement, state = _agreement(service, spec, state, pods, now)  # not once it agreed
     analysis = None
-    if analysis_due(state, spec.rollout, now):
-        analysis = _analysis(service, spec, state, prometheus_url, now)
+    if failure is None and analysis_due(state, spec.rollout, now):
+        gateway = split == "gateway" and service.routing.gateway is not None
+        reader = _reader(service, spec, prometheus_url, gateway)
+        analysis = analyse(state, spec, reader, now, through_gateway=gateway)
     observed = Observed(
         now=now,
         candidate_ready=candidate_ready,
@@ -113,6 +126,7 @@ def observe(
         stable_rolled_out=rolled_out(stable_deployment),
         agreement=agreement,
         analysis=analysis,
+        candidate_failure=failure,
     )
     return observed, state
 
@@ -152,30 +166,45 @@ def _agreement(
     return None, state.model_copy(update={"reason": "AgreementPending", "message": f"agreement check waits: {trouble}"})
 
 
-def _analysis(
-    service: Service, spec: InferenceServiceSpec, state: RolloutStatus, prometheus_url: str | None, now: float
-) -> AnalysisStatus:
-    assert spec.rollout is not None
-    started = seconds_of(state.step_started_at) or now
-    window = max(now - started, 1.0)
-    step = state.step or 0
+Reader = Callable[[Track, float], TrackFigures]  # one track's figures over the last seconds
+
+
+def _reader(
+    service: Service, spec: InferenceServiceSpec, prometheus_url: str | None, through_gateway: bool
+) -> Reader | None:
+    """What an analysis reads from Prometheus: Triton's figures, and the gateway's for the clusters of the route as
+    the operator writes it now (the traffic of the step analysed). None without a Prometheus."""
     if not prometheus_url:
+        return None
+    clusters = None
+    if through_gateway:
+        tracks: dict[str, Track] = {service.name: "stable", candidate_name(service): "candidate"}
+        clusters = route_clusters(build_http_route(service, ROUTE_API), service.namespace, tracks)
+    return prometheus_reader(prometheus_url, service.namespace, service.name, spec.model.name, clusters)
+
+
+def analyse(
+    state: RolloutStatus, spec: InferenceServiceSpec, read: Reader | None, now: float, through_gateway: bool = False
+) -> AnalysisStatus:
+    """The analysis due at `now`: both tracks' figures over the window `analysis_window` gives (the last interval of
+    the step), judged. `read` asks Prometheus (None: none is configured); one it cannot ask is Unreachable."""
+    assert spec.rollout is not None
+    since, window = analysis_window(state, spec.rollout, now)
+    step = state.step or 0
+
+    def unreachable(message: str) -> AnalysisStatus:
         return AnalysisStatus(
-            verdict="Unreachable",
-            message="no Prometheus is configured (the operator's INFEROP_PROMETHEUS_URL, the chart's "
-            "rollout.prometheusUrl): the rollout cannot be judged",
-            step=step,
-            weight=state.weight,
-            at=timestamp(now),
-            window_seconds=round(window, 1),
-        )
-    model = spec.model.name
-    try:
-        candidate = track_window(prometheus_url, service.namespace, service.name, model, "candidate", window)
-        stable = track_window(prometheus_url, service.namespace, service.name, model, "stable", window)
-    except PrometheusUnreachable as error:
-        return AnalysisStatus(
-            verdict="Unreachable", message=str(error), step=step, weight=state.weight, at=timestamp(now),
-            window_seconds=round(window, 1),
+            verdict="Unreachable", message=message, step=step, weight=state.weight, at=timestamp(now),
+            since=timestamp(since), window_seconds=round(window, 1),
         )  # fmt: skip
-    return judge(candidate, stable, spec.rollout, step, state.weight, window, now)
+
+    if read is None:
+        return unreachable(
+            "no Prometheus is configured (the operator's INFEROP_PROMETHEUS_URL, the chart's rollout.prometheusUrl): "
+            "the rollout cannot be judged"
+        )
+    try:
+        candidate, stable = read("candidate", window), read("stable", window)
+    except PrometheusUnreachable as error:
+        return unreachable(str(error))
+    return judge(candidate, stable, spec.rollout, step, state.weight, window, now, through_gateway)

@@ -7,13 +7,15 @@ revision and goes through:
     Agreement    its pods start; both revisions answer the same held-out inputs and must agree (no live traffic)
     Progressing  step by step it takes `steps` percent of live requests (shadowed ones at steps of 0, every
                  header-matched one), each step analysed every `analysis.intervalSeconds` against the stable
-                 revision over the same window; a failure rolls back at once, a step that passed for `stepSeconds`
+                 revision over the last interval; a failure rolls back at once, a step that passed for `stepSeconds`
                  gives way to the next
     Paused       held at its step: by `rollout.paused`, or for want of data (never promoted blind)
     Promoting    it passed at 100: the stable Deployment takes its spec and rolls, the candidate holding all traffic
     Finishing    the stable Deployment serves it; traffic back on the stable Service while the candidate drains
     Succeeded    the candidate's objects are gone; the stable revision is the candidate
-    RollingBack  a failed check or an abort: no traffic to the candidate from this moment, its pods drain
+    RollingBack  a failed check or an abort: no traffic to the candidate from this moment, its pods drain; from
+                 Agreement, Progressing or Paused, also a candidate pod OOM-killed, crash-looping or restarted, or
+                 none Ready while its step sends it live requests
     RolledBack   its objects are gone; it stays rolled back until the spec names another revision
 
 `advance` is the whole machine: the handlers observe (pods, Deployments, the route, Prometheus, the agreement
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from inferop_operator.diagnosis import Diagnosis
 from inferop_operator.spec import InferenceServiceSpec, Rollout, Section
 
 if TYPE_CHECKING:  # numpy stays out of the operator until a rollout compares answers
@@ -43,6 +46,8 @@ Phase = Literal[
 CANDIDATE_PHASES: frozenset[str] = frozenset(
     {"Agreement", "Progressing", "Paused", "Promoting", "Finishing", "RollingBack"}
 )
+# Phases in which the candidate's pods are watched for failures (diagnosis.candidate_failure): any rolls it back.
+JUDGED_PHASES: frozenset[str] = frozenset({"Agreement", "Progressing", "Paused"})
 # Phases that end a rollout: nothing happens until the spec names another revision.
 FINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "RolledBack"})
 # Fields of the spec that do not change what a pod serves: editing them makes no new revision.
@@ -120,8 +125,24 @@ class Reported(Section):
     model_config = ConfigDict(extra="ignore")
 
 
+class GatewayFigures(Reported):
+    """One revision's requests in an analysis window as the gateway's Envoy saw them: its clusters for the revision's
+    backends of the service's HTTPRoute, from Envoy's stats in Prometheus."""
+
+    requests: float = Field(description="Requests Envoy sent to the revision's pods in the window.")
+    errors: float = Field(description="Of those, answered 5xx (a reset or a refused connection included).")
+    resets: float = Field(description="Requests the pods reset, and connections to them that failed.")
+    error_ratio: float | None = Field(default=None, description="errors / requests (unset: no requests).")
+    reset_ratio: float | None = Field(default=None, description="resets / requests (unset: no requests).")
+    p99_ms: float | None = Field(
+        default=None,
+        description="99th percentile of the time Envoy waited for the pods' answers, in ms, from its histogram "
+        "(unset: no request timed in the window).",
+    )
+
+
 class TrackFigures(Reported):
-    """One revision's requests in an analysis window, from Triton's counters in Prometheus."""
+    """One revision's requests in an analysis window, from Triton's counters in Prometheus, and at the gateway."""
 
     requests: float = Field(description="Requests answered or failed in the window.")
     failures: float = Field(description="Requests that failed in the window.")
@@ -129,9 +150,18 @@ class TrackFigures(Reported):
     mean_latency_ms: float | None = Field(
         default=None, description="Mean time in Triton per successful request (queue and compute), in ms."
     )
+    gateway: GatewayFigures | None = Field(
+        default=None,
+        description="The same revision at the gateway (unset: no Gateway, or no Envoy series for its backends).",
+    )
 
 
 Verdict = Literal["Passed", "Failed", "NoData", "Unreachable"]
+# Requests a side must have timed at the gateway before its p99 is compared: fewer, and it is their slowest one.
+P99_REQUESTS = 100
+# What decided a verdict other than Passed: the gateway's 5xx answers or its resets and failed connections, too few
+# requests in Triton, Triton's failures, Triton's mean time, the gateway's p99.
+Check = Literal["gatewayErrors", "gatewayResets", "requests", "failureRatio", "latency", "p99"]
 
 
 class AnalysisStatus(Reported):
@@ -141,8 +171,12 @@ class AnalysisStatus(Reported):
     message: str = Field(description="The numbers and what was decided.")
     step: int = Field(description="Index of the step analysed.")
     weight: int = Field(description="The candidate's weight at that step, percent.")
-    at: str = Field(description="When (RFC 3339).")
-    window_seconds: float = Field(description="Seconds of the step analysed.")
+    at: str = Field(description="When (RFC 3339): the window's end.")
+    since: str | None = Field(default=None, description="The window's start (RFC 3339).")
+    window_seconds: float = Field(
+        description="Seconds analysed: the last analysis.intervalSeconds of the step, fewer at its start."
+    )
+    check: Check | None = Field(default=None, description="The check that failed, or that lacked data.")
     failures_in_a_row: int = Field(default=0, description="Failed analyses of this step in a row, this one included.")
     candidate: TrackFigures | None = Field(default=None, description="The candidate's figures.")
     stable: TrackFigures | None = Field(default=None, description="The stable revision's figures.")
@@ -251,6 +285,8 @@ class Observed:
     stable_rolled_out: bool = False  # the stable Deployment runs its current spec on every replica, ready
     agreement: AgreementResult | None = None
     analysis: AnalysisStatus | None = None
+    # What the candidate's pods report that fails it whatever its metrics say (diagnosis.candidate_failure)
+    candidate_failure: Diagnosis | None = None
 
 
 def start(stable: str, candidate: str, split: str, now: float, previous: RolloutStatus) -> RolloutStatus:
@@ -340,6 +376,9 @@ def advance(state: RolloutStatus, rollout: Rollout, observed: Observed, candidat
         return state
     if rollout.abort is not None and rollout.abort == state.candidate and phase not in ("RollingBack",):
         return roll_back(state, now, "Aborted", f"revision {state.candidate} aborted by spec.rollout.abort")
+    failure = observed.candidate_failure
+    if failure is not None and phase in JUDGED_PHASES:  # never promoted, by the spec or its steps
+        return roll_back(state, now, f"Candidate{failure.reason}", f"revision {state.candidate}: {failure.message}")
     if phase in ("Progressing", "Paused") and rollout.promote is not None and rollout.promote == state.candidate:
         return _moved(
             state, now, phase="Promoting", reason="PromotedBySpec",
@@ -479,6 +518,28 @@ def analysis_due(state: RolloutStatus, rollout: Rollout, now: float) -> bool:
     return since is None or now - since >= rollout.analysis.interval_seconds
 
 
+def analysis_window(state: RolloutStatus, rollout: Rollout, now: float) -> tuple[float, float]:
+    """The window an analysis at `now` reads, as (start, seconds): the last `analysis.intervalSeconds`, never before the
+    step's traffic took effect. A sliding window, not the step so far: a candidate that starts failing late in a long
+    step is judged on what it does now, not diluted by the minutes it did well."""
+    started = seconds_of(state.step_started_at)
+    start = now - rollout.analysis.interval_seconds
+    if started is not None:
+        start = max(start, started)
+    start = min(start, now - 1.0)  # a window of a second at least
+    return start, now - start
+
+
+def takes_live_traffic(state: RolloutStatus) -> bool:
+    """The candidate's step sends it live requests now: a weight, or header-matched callers (mirrored ones get
+    their answers from the stable revision)."""
+    return (
+        state.phase in ("Progressing", "Paused")
+        and state.step_started_at is not None
+        and (state.weight > 0 or state.header)
+    )
+
+
 def judge(
     candidate: TrackFigures,
     stable: TrackFigures | None,
@@ -487,51 +548,136 @@ def judge(
     weight: int,
     window: float,
     now: float,
+    through_gateway: bool = False,
 ) -> AnalysisStatus:
     """The candidate against the stable revision over one window. Too few requests: no data, never a pass.
+
+    Failures first: Triton's beyond the stable revision's share (on `minRequests` at least), then what callers got
+    at the gateway (`through_gateway`, each track's `gateway` figures): 5xx answers, and resets and failed
+    connections, beyond the stable revision's share. A candidate that crashes or refuses connections fails there
+    without a single request in Triton's counters, where it would otherwise read as no data. Then too few requests in
+    Triton is no data; a mean time above `maxLatencyRatio` times the stable revision's fails; and the gateway's p99
+    above `maxP99Ratio` times the stable revision's fails (`_p99`: no request timed on a side is no data).
+
     Latency is compared only with the stable revision's in the same window, where both carry their share of the same
     load on the same machine: at a step where the stable revision has no traffic (100%), its latency from an earlier
     step was taken at a lighter load per pod, and a good candidate would fail against it on a busy machine. A slow
     candidate is caught at the earlier steps, where both serve."""
     limits = rollout.analysis
-    figures = (
-        f"candidate {candidate.requests:.0f} requests, {_ratio(candidate.failure_ratio)} failed, "
-        f"{_ms(candidate.mean_latency_ms)}; stable "
-        + (
-            f"{stable.requests:.0f} requests, {_ratio(stable.failure_ratio)} failed, {_ms(stable.mean_latency_ms)}"
-            if stable is not None
-            else "no figures"
-        )
-        + f" (over {window:.0f} s)"
-    )
+    allowed = limits.max_failure_ratio_increase
+    at_gateway = (candidate.gateway, stable.gateway if stable is not None else None)
+    figures = _figures(candidate, stable, window)
 
-    def verdict(kind: Verdict, why: str) -> AnalysisStatus:
+    def verdict(kind: Verdict, why: str, check: Check | None = None) -> AnalysisStatus:
         return AnalysisStatus(
             verdict=kind, message=f"{why}: {figures}", step=step, weight=weight, at=timestamp(now),
-            window_seconds=round(window, 1), candidate=candidate, stable=stable,
+            since=timestamp(now - window), window_seconds=round(window, 1), check=check, candidate=candidate,
+            stable=stable,
         )  # fmt: skip
 
-    if candidate.requests < limits.min_requests:
-        return verdict("NoData", f"{candidate.requests:.0f} of the {limits.min_requests} requests needed")
     excess = (candidate.failure_ratio or 0.0) - ((stable.failure_ratio if stable else None) or 0.0)
-    allowed = limits.max_failure_ratio_increase
-    if excess > allowed:
-        return verdict("Failed", f"failure ratio {excess:+.2%} against the stable revision's (at most {allowed:+.2%})")
+    if candidate.requests >= limits.min_requests and excess > allowed:
+        why = f"failure ratio {excess:+.2%} against the stable revision's (at most {allowed:+.2%})"
+        return verdict("Failed", why, "failureRatio")
+    failed = _gateway_failures(*at_gateway, limits.min_requests, allowed)
+    if failed is not None:
+        return verdict("Failed", *failed)
+    if candidate.requests < limits.min_requests:
+        return verdict("NoData", f"{candidate.requests:.0f} of the {limits.min_requests} requests needed", "requests")
     reference = stable.mean_latency_ms if stable is not None else None
-    if candidate.mean_latency_ms is not None and reference:
+    if candidate.mean_latency_ms is None:
+        return verdict("NoData", "no successful request to time", "latency")
+    if reference:
         ratio = candidate.mean_latency_ms / reference
         if ratio > limits.max_latency_ratio:
-            return verdict(
-                "Failed", f"latency {ratio:.2f}x the stable revision's (at most {limits.max_latency_ratio:g}x)"
-            )
-        return verdict("Passed", f"latency {ratio:.2f}x, failure ratio {excess:+.2%} against the stable revision")
-    if candidate.mean_latency_ms is None:
-        return verdict("NoData", "no successful request to time")
-    return verdict(
-        "Passed",
-        f"failure ratio {excess:+.2%} against the stable revision; latency not compared: the stable revision served "
-        "no request in this window (it was compared at the steps where both serve)",
+            why = f"latency {ratio:.2f}x the stable revision's (at most {limits.max_latency_ratio:g}x)"
+            return verdict("Failed", why, "latency")
+        judged = f"latency {ratio:.2f}x, failure ratio {excess:+.2%} against the stable revision"
+    else:
+        judged = (
+            f"failure ratio {excess:+.2%} against the stable revision; latency not compared: the stable revision "
+            "served no request in this window (it was compared at the steps where both serve)"
+        )
+    p99 = _p99(*at_gateway, limits.min_requests, limits.max_p99_ratio, weight, through_gateway)
+    if p99[0] != "Passed":
+        return verdict(*p99)
+    return verdict("Passed", f"{judged}; {p99[1]}")
+
+
+def _gateway_failures(
+    candidate: GatewayFigures | None, stable: GatewayFigures | None, min_requests: int, allowed: float
+) -> tuple[str, Check] | None:
+    """Why the gateway's figures fail the candidate, if they do: a share of 5xx answers, or of resets and failed
+    connections, beyond the stable revision's by more than `allowed` (judged on `min_requests` at least)."""
+    if candidate is None or candidate.requests < min_requests:
+        return None
+    reference = stable or GatewayFigures(requests=0, errors=0, resets=0)
+    shares: tuple[tuple[Check, str, float | None, float | None], ...] = (
+        ("gatewayErrors", "5xx answers", candidate.error_ratio, reference.error_ratio),
+        ("gatewayResets", "resets and failed connections", candidate.reset_ratio, reference.reset_ratio),
     )
+    for check, what, mine, theirs in shares:
+        excess = (mine or 0.0) - (theirs or 0.0)
+        if excess > allowed:
+            return f"{what} at the gateway {excess:+.2%} against the stable revision's (at most {allowed:+.2%})", check
+    return None
+
+
+def _p99(
+    candidate: GatewayFigures | None,
+    stable: GatewayFigures | None,
+    min_requests: int,
+    most: float,
+    weight: int,
+    through_gateway: bool,
+) -> tuple[Verdict, str, Check | None]:
+    """The p99 gate: the candidate's p99 at the gateway over the stable revision's, at most `most`.
+
+    No request at the gateway on a side is no data, never a pass; at 100% the stable revision is idle and not
+    compared (as the mean). Requests without a p99 are a window in which Envoy did not update its histograms (every
+    5 s), and fewer than P99_REQUESTS on a side (or `min_requests`, where more) make the quantile that side's slowest
+    request or two, one of which crossing one of Envoy's coarse buckets (5, 10, 25 ms...) moves 2.5x: the gate is
+    not applied, and the message says so. Without a gateway, or without Envoy series, there is nothing to compare."""
+    if not through_gateway:
+        return "Passed", "p99 not compared: no gateway (split by replicas)", None
+    if candidate is None and stable is None:
+        return "Passed", "p99 not compared: Prometheus has no Envoy series for the route's backends", None
+    if candidate is None or candidate.requests <= 0:
+        return "NoData", "no request of the candidate at the gateway for its p99", "p99"
+    if stable is None or stable.requests <= 0:
+        if weight >= 100:
+            return "Passed", "p99 not compared: the stable revision served no request at the gateway", None
+        return "NoData", "no request of the stable revision at the gateway for its p99", "p99"
+    if candidate.p99_ms is None or stable.p99_ms is None:
+        return "Passed", "p99 not judged: Envoy updated no histogram in this window (it does every 5 s)", None
+    fewest = max(min_requests, P99_REQUESTS)
+    if min(candidate.requests, stable.requests) < fewest:
+        counts = f"{candidate.requests:.0f} and {stable.requests:.0f} requests timed at the gateway"
+        return "Passed", f"p99 not judged: {counts}, fewer than the {fewest} it needs", None
+    mine, theirs = candidate.p99_ms, stable.p99_ms
+    ratio = mine / theirs if theirs > 0 else (math.inf if mine > 0 else 1.0)  # both in Envoy's first bucket
+    said = f"p99 at the gateway {mine:.1f} ms against the stable revision's {theirs:.1f} ms: {ratio:.2f}x"
+    if ratio > most:
+        return "Failed", f"{said} (at most {most:g}x)", "p99"
+    return "Passed", said, None
+
+
+def _figures(candidate: TrackFigures, stable: TrackFigures | None, window: float) -> str:
+    def track(figures: TrackFigures | None) -> str:
+        if figures is None:
+            return "no figures"
+        said = (
+            f"{figures.requests:.0f} requests, {_ratio(figures.failure_ratio)} failed, {_ms(figures.mean_latency_ms)}"
+        )
+        gateway = figures.gateway
+        if gateway is not None:
+            said += (
+                f" (gateway: {gateway.requests:.0f}, {_ratio(gateway.error_ratio)} 5xx, {gateway.resets:.0f} resets, "
+                f"p99 {'n/a' if gateway.p99_ms is None else f'{gateway.p99_ms:.1f} ms'})"
+            )
+        return said
+
+    return f"candidate {track(candidate)}; stable {track(stable)} (over {window:.0f} s)"
 
 
 def _ratio(value: float | None) -> str:
@@ -542,14 +688,29 @@ def _ms(value: float | None) -> str:
     return "latency n/a" if value is None else f"{value:.1f} ms a request"
 
 
-def track_figures(successes: float, failures: float, duration_us: float) -> TrackFigures:
-    """Figures from the increases of Triton's counters over a window."""
+def track_figures(
+    successes: float, failures: float, duration_us: float, gateway: GatewayFigures | None = None
+) -> TrackFigures:
+    """Figures from the increases of Triton's counters over a window (and the gateway's, where read)."""
     requests = successes + failures
     return TrackFigures(
         requests=round(requests, 1),
         failures=round(failures, 1),
         failure_ratio=round(failures / requests, 4) if requests > 0 else None,
         mean_latency_ms=round(duration_us / successes / 1000, 3) if successes > 0 else None,
+        gateway=gateway,
+    )
+
+
+def gateway_figures(requests: float, errors: float, resets: float, p99_ms: float | None) -> GatewayFigures:
+    """Figures from the increases of Envoy's counters for a revision's clusters over a window, and its p99."""
+    return GatewayFigures(
+        requests=round(requests, 1),
+        errors=round(errors, 1),
+        resets=round(resets, 1),
+        error_ratio=round(errors / requests, 4) if requests > 0 else None,
+        reset_ratio=round(resets / requests, 4) if requests > 0 else None,
+        p99_ms=None if p99_ms is None else round(p99_ms, 3),
     )
 
 

@@ -569,18 +569,25 @@ class Shadow(Section):
 
 
 class Analysis(Section):
-    """How each step is judged, from Triton's metrics in Prometheus: the candidate against the stable revision
-    over the same window."""
+    """How each step is judged, from Prometheus: the candidate against the stable revision over the same window, by
+    Triton's metrics and, through a Gateway of Envoy Gateway, by what its Envoy saw of each backend."""
 
     interval_seconds: int = Field(
-        default=10, ge=1, le=3600, description="How often the step's window so far is analysed."
+        default=10,
+        ge=1,
+        le=3600,
+        description="How often the step is analysed, and the window each analysis reads: the last intervalSeconds "
+        "(from the step's start for the first one), so a regression late in a long step is not diluted. Envoy updates "
+        "its latency histograms every 5 s: below 10 s the p99 gate reads fewer than two of its updates, below 5 s "
+        "often none.",
     )
     max_failure_ratio_increase: float = Field(
         default=0.01,
         ge=0,
         le=1,
         description="How far the candidate's share of failed requests may exceed the stable revision's (0.01: one "
-        "percentage point).",
+        "percentage point): in Triton, and at the gateway its share of 5xx answers and of resets and connection "
+        "failures.",
     )
     max_latency_ratio: float = Field(
         default=1.5,
@@ -588,11 +595,20 @@ class Analysis(Section):
         le=100,
         description="The candidate's mean time per request (queue and compute) over the stable revision's, at most.",
     )
+    max_p99_ratio: float = Field(
+        default=1.5,
+        gt=1,
+        le=100,
+        description="The candidate's 99th percentile of the time the gateway's Envoy waited for its answers over the "
+        "stable revision's in the same window, at most (Envoy's histogram of upstream request time, per backend; "
+        "through a Gateway of Envoy Gateway only), once each has 100 requests timed (minRequests, where more).",
+    )
     min_requests: int = Field(
         default=20,
         ge=1,
         le=1_000_000,
-        description="Requests the candidate must have answered in the window before it is judged; fewer: no data.",
+        description="Requests the candidate must have answered in the window before it is judged (in Triton, and at "
+        "the gateway for the gateway's checks); fewer: no data.",
     )
     failure_limit: int = Field(
         default=1,

@@ -17,7 +17,14 @@ from inferop_operator.builders import Service
 from inferop_operator.crd import CRD_PATH, IDENTITY_TEMPLATE, build_crd, main, render_crd, render_identity_template
 from inferop_operator.identity import CRD_NAME, GROUP, KIND, PLURAL, SHORT_NAME, VERSION
 from inferop_operator.plan import plan_service
-from inferop_operator.rollout import AgreementStatus, AnalysisStatus, OutputAgreement, RolloutStatus, TrackFigures
+from inferop_operator.rollout import (
+    AgreementStatus,
+    AnalysisStatus,
+    GatewayFigures,
+    OutputAgreement,
+    RolloutStatus,
+    TrackFigures,
+)
 from inferop_operator.spec import SpecError, parse_spec
 from inferop_operator.status import Status, deployed_status
 from tests.specs import EXAMPLES
@@ -142,7 +149,8 @@ def written() -> dict[str, Any]:
         "spec": {"replicas": 1},
         "status": {"observedGeneration": 1, "replicas": 1, "readyReplicas": 1, "conditions": [available]},
     }
-    figures = TrackFigures(requests=100, failures=1, failure_ratio=0.01, mean_latency_ms=2.5)
+    gateway = GatewayFigures(requests=101, errors=1, resets=0, error_ratio=0.0099, reset_ratio=0.0, p99_ms=9.2)
+    figures = TrackFigures(requests=100, failures=1, failure_ratio=0.01, mean_latency_ms=2.5, gateway=gateway)
     rollout = RolloutStatus(
         phase="Progressing", reason="StepStarted", message="step 2", stable="a1", candidate="b2", step=1, weight=25,
         mirror_percent=10, header=True, split="gateway", scaling_for=25, step_started_at="2026-01-01T00:00:00Z",
@@ -162,8 +170,8 @@ def written() -> dict[str, Any]:
             ],
         ),
         analysis=AnalysisStatus(
-            verdict="Passed", message="ok", step=1, weight=25, at="2026-01-01T00:00:10Z", window_seconds=10,
-            candidate=figures, stable=figures,
+            verdict="Failed", message="p99", step=1, weight=25, at="2026-01-01T00:00:10Z",
+            since="2026-01-01T00:00:00Z", window_seconds=10, check="p99", candidate=figures, stable=figures,
         ),
     )  # fmt: skip
     status = deployed_status(service, deployment, 1, Status(), rollout=rollout)

@@ -902,6 +902,16 @@ class TestCandidate:
         assert ("Deployment", "conv-net-canary") in unwanted
 
 
+def backend(name: str, weight: int, component: str) -> dict[str, Any]:
+    """A backendRef of the route: the Service, its weight, and the header naming its track, which also gives it an
+    Envoy cluster of its own under Envoy Gateway."""
+    header = {"set": [{"name": "inferop-track", "value": component}]}
+    return {
+        "name": name, "port": 8000, "weight": weight,
+        "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": header}],
+    }  # fmt: skip
+
+
 class TestHttpRoute:
     def route(self, service: Service) -> dict[str, Any]:
         return build_http_route(service, "gateway.networking.k8s.io/v1")
@@ -914,24 +924,21 @@ class TestHttpRoute:
              "sectionName": "http"}
         ]  # fmt: skip
         assert route["spec"]["hostnames"] == ["models.example.com"]
-        assert route["spec"]["rules"] == [{"backendRefs": [{"name": "conv-net", "port": 8000, "weight": 100}]}]
+        assert route["spec"]["rules"] == [{"backendRefs": [backend("conv-net", 100, "predictor")]}]
 
     def test_a_step_splits_by_weight_and_sends_the_header_to_the_candidate(self) -> None:
         header, default = self.route(rolling(Traffic(weight=5, header=True)))["spec"]["rules"]
         assert header == {
             "matches": [{"headers": [{"type": "Exact", "name": "x-ab", "value": "b"}]}],
-            "backendRefs": [{"name": "conv-net-canary", "port": 8000, "weight": 1}],
+            "backendRefs": [backend("conv-net-canary", 1, "canary")],
         }
         assert default == {
-            "backendRefs": [
-                {"name": "conv-net", "port": 8000, "weight": 95},
-                {"name": "conv-net-canary", "port": 8000, "weight": 5},
-            ]
+            "backendRefs": [backend("conv-net", 95, "predictor"), backend("conv-net-canary", 5, "canary")]
         }
 
     def test_a_shadow_mirrors_a_share_and_answers_from_the_stable_service(self) -> None:
         (default,) = self.route(rolling(Traffic(weight=0, mirror_percent=20)))["spec"]["rules"]
-        assert default["backendRefs"] == [{"name": "conv-net", "port": 8000, "weight": 100}]
+        assert default["backendRefs"] == [backend("conv-net", 100, "predictor")]
         assert default["filters"] == [
             {"type": "RequestMirror",
              "requestMirror": {"backendRef": {"name": "conv-net-canary", "port": 8000}, "percent": 20}}

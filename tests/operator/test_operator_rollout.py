@@ -9,9 +9,11 @@ import pytest
 
 from inferop_core.agreement import AgreementResult, OutputVerdict
 from inferop_core.sequential import agreement_test
+from inferop_operator.diagnosis import Diagnosis
 from inferop_operator.rollout import (
     DRAIN_SECONDS,
     AnalysisStatus,
+    GatewayFigures,
     Observed,
     RolloutStatus,
     TrackFigures,
@@ -19,6 +21,7 @@ from inferop_operator.rollout import (
     analysis_due,
     canary_replicas,
     decide,
+    gateway_figures,
     judge,
     replica_split,
     revision_of,
@@ -338,6 +341,164 @@ class TestJudge:
         slower = judge(track_figures(100, 0, 100 * 4000), idle_stable, rollout_of(), 3, 100, 10, T0)
         assert slower.verdict == "Passed" and "latency not compared" in slower.message
         assert self.verdict(track_figures(97, 3, 97 * 2000), idle_stable) == "Failed"
+
+
+def at_gateway(requests: float = 200, errors: float = 0, resets: float = 0, p99: float | None = 10.0) -> GatewayFigures:
+    return gateway_figures(requests, errors, resets, p99 if requests else None)
+
+
+def serving(gateway: GatewayFigures | None, requests: int = 200, ms: float = 2.0) -> TrackFigures:
+    """A track whose Triton answered `requests` in `ms` each, none failed, and what the gateway saw of it."""
+    return track_figures(requests, 0, requests * ms * 1000, gateway)
+
+
+class TestJudgeAtTheGateway:
+    """What callers got at the gateway's Envoy: its 5xx answers, resets and failed connections for each track's
+    backends, and each track's p99."""
+
+    def judged(self, candidate: TrackFigures, stable: TrackFigures, weight: int = 5, **analysis: Any) -> AnalysisStatus:
+        rollout = rollout_of(analysis={**ROLLOUT["analysis"], **analysis})
+        return judge(candidate, stable, rollout, 1, weight, 10, T0, through_gateway=True)
+
+    def test_5xx_fail_a_candidate_that_triton_never_saw(self) -> None:
+        """A candidate whose pods refuse connections: Envoy answers 503, Triton counts nothing (kserve#5983)."""
+        found = self.judged(serving(at_gateway(errors=200), requests=0), serving(at_gateway()))
+        assert (found.verdict, found.check) == ("Failed", "gatewayErrors")
+        assert found.message.startswith("5xx answers at the gateway +100.00% against the stable revision's (at most")
+
+    def test_without_the_gateway_check_that_candidate_is_only_no_data(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr("inferop_operator.rollout._gateway_failures", lambda *_: None)
+        found = self.judged(serving(at_gateway(errors=200), requests=0), serving(at_gateway()))
+        assert (found.verdict, found.check) == ("NoData", "requests")  # held at its weight, callers failing
+
+    def test_failures_triton_counted_are_named_as_triton_counted_them(self) -> None:
+        failing = track_figures(180, 20, 180 * 2000, at_gateway(errors=20))  # Triton answered its failures 500
+        found = self.judged(failing, serving(at_gateway()))
+        assert (found.verdict, found.check) == ("Failed", "failureRatio")
+
+    def test_resets_and_failed_connections_fail(self) -> None:
+        found = self.judged(serving(at_gateway(resets=10)), serving(at_gateway()))
+        assert (found.verdict, found.check) == ("Failed", "gatewayResets")
+        assert found.message.startswith("resets and failed connections at the gateway +5.00% against the stable")
+
+    def test_the_stable_revisions_own_5xx_are_allowed(self) -> None:
+        assert self.judged(serving(at_gateway(errors=6)), serving(at_gateway(errors=6))).verdict == "Passed"
+        assert self.judged(serving(at_gateway(errors=9)), serving(at_gateway(errors=6))).verdict == "Failed"
+
+    def test_too_few_requests_at_the_gateway_are_not_judged_there(self) -> None:
+        found = self.judged(serving(at_gateway(requests=19, errors=19), requests=0), serving(at_gateway()))
+        assert (found.verdict, found.check) == ("NoData", "requests")
+
+    def test_a_p99_beyond_the_ratio_fails_with_both_and_the_ratio(self) -> None:
+        """A slow tail with the same mean: what the mean cannot see."""
+        found = self.judged(serving(at_gateway(p99=30.0)), serving(at_gateway(p99=10.0)))
+        assert (found.verdict, found.check) == ("Failed", "p99")
+        assert found.message.startswith(
+            "p99 at the gateway 30.0 ms against the stable revision's 10.0 ms: 3.00x (at most 1.5x): candidate 200 "
+            "requests, 0.00% failed, 2.0 ms a request (gateway: 200, 0.00% 5xx, 0 resets, p99 30.0 ms)"
+        )
+
+    def test_without_the_p99_gate_that_candidate_passes(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr("inferop_operator.rollout._p99", lambda *_: ("Passed", "p99 not judged", None))
+        assert self.judged(serving(at_gateway(p99=30.0)), serving(at_gateway(p99=10.0))).verdict == "Passed"
+
+    def test_a_p99_within_the_ratio_passes_and_the_ratio_is_the_specs(self) -> None:
+        found = self.judged(serving(at_gateway(p99=14.0)), serving(at_gateway(p99=10.0)))
+        assert found.verdict == "Passed"
+        assert "p99 at the gateway 14.0 ms against the stable revision's 10.0 ms: 1.40x" in found.message
+        assert self.judged(serving(at_gateway(p99=30.0)), serving(at_gateway(p99=10.0)), maxP99Ratio=4).verdict == (
+            "Passed"
+        )
+
+    def test_no_request_on_a_side_is_no_data_never_a_pass(self) -> None:
+        idle_stable = self.judged(serving(at_gateway()), serving(at_gateway(requests=0), requests=0))
+        assert (idle_stable.verdict, idle_stable.check) == ("NoData", "p99")
+        assert "no request of the stable revision at the gateway for its p99" in idle_stable.message
+        unseen_candidate = self.judged(serving(None), serving(at_gateway()))
+        assert (unseen_candidate.verdict, unseen_candidate.check) == ("NoData", "p99")
+
+    def test_a_window_without_a_histogram_update_is_not_judged_and_says_so(self) -> None:
+        """Envoy updates its histograms every 5 s: a window between two updates has requests and no quantile."""
+        untimed = self.judged(serving(at_gateway(p99=None)), serving(at_gateway()))
+        assert untimed.verdict == "Passed"
+        assert "p99 not judged: Envoy updated no histogram in this window (it does every 5 s)" in untimed.message
+
+    def test_a_p99_of_too_few_requests_is_not_judged_and_says_so(self) -> None:
+        """60 requests: the p99 is their slowest, and one of them past a bucket's edge (10 ms here) moves it 2.5x."""
+        found = self.judged(serving(at_gateway(requests=60, p99=24.0), requests=60), serving(at_gateway(p99=9.8)))
+        assert found.verdict == "Passed"
+        assert "p99 not judged: 60 and 200 requests timed at the gateway, fewer than the 100 it needs" in found.message
+        more = self.judged(serving(at_gateway(requests=120)), serving(at_gateway()), minRequests=150)
+        assert "fewer than the 150 it needs" in more.message  # minRequests, where above 100
+
+    def test_at_full_weight_the_idle_stable_revisions_p99_is_not_compared(self) -> None:
+        found = self.judged(serving(at_gateway(p99=30.0)), serving(at_gateway(requests=0), requests=0), weight=100)
+        assert found.verdict == "Passed"
+        assert "p99 not compared: the stable revision served no request at the gateway" in found.message
+
+    def test_without_envoy_series_or_a_gateway_the_message_says_p99_was_not_compared(self) -> None:
+        unseen = self.judged(serving(None), serving(None))
+        assert unseen.verdict == "Passed"
+        assert "p99 not compared: Prometheus has no Envoy series for the route's backends" in unseen.message
+        by_replicas = judge(serving(None), serving(None), rollout_of(), 1, 5, 10, T0)
+        assert "p99 not compared: no gateway (split by replicas)" in by_replicas.message
+
+    def test_a_gateway_failure_rolls_back_and_no_data_only_pauses(self) -> None:
+        failed = self.judged(serving(at_gateway(errors=200), requests=0), serving(at_gateway()))
+        moved = advance(at_step(1), rollout_of(), Observed(T0 + 10, analysis=failed), {})
+        assert (moved.phase, moved.reason, moved.weight) == ("RollingBack", "AnalysisFailed", 0)
+        assert moved.analysis is not None and moved.analysis.check == "gatewayErrors"
+
+
+def crashed(reason: str) -> Diagnosis:
+    return Diagnosis(reason, f"container triton of pod conv-net-canary-1: {reason}")
+
+
+class TestCandidatePods:
+    """A candidate whose pods fail is rolled back whatever its metrics say (they have none to say), with the
+    failure as the reason; never held at its weight while its callers fail."""
+
+    @pytest.mark.parametrize("reason", ["OOMKilled", "CrashLoopBackOff", "Restarted", "Unavailable"])
+    def test_a_failing_pod_rolls_back_at_once(self, reason: str) -> None:
+        moved = advance(at_step(1), rollout_of(), Observed(T0 + 3, candidate_failure=crashed(reason)), {})
+        assert (moved.phase, moved.reason, moved.weight, moved.header, moved.mirror_percent) == (
+            "RollingBack", f"Candidate{reason}", 0, False, 0,
+        )  # fmt: skip
+        assert moved.message == f"revision {moved.candidate}: container triton of pod conv-net-canary-1: {reason}"
+
+    def test_before_any_traffic_and_while_paused_too(self) -> None:
+        spec, state = started()
+        assert spec.rollout is not None
+        agreeing = advance(state, spec.rollout, Observed(T0 + 5, candidate_failure=crashed("OOMKilled")), {})
+        assert (agreeing.phase, agreeing.reason) == ("RollingBack", "CandidateOOMKilled")
+        paused = at_step(0).model_copy(update={"phase": "Paused", "reason": "PausedBySpec"})
+        held = advance(paused, rollout_of(paused=True), Observed(T0 + 5, candidate_failure=crashed("Restarted")), {})
+        assert (held.phase, held.reason) == ("RollingBack", "CandidateRestarted")
+
+    def test_a_failing_candidate_is_never_promoted(self) -> None:
+        state = at_step(0)
+        moved = advance(
+            state, rollout_of(promote=state.candidate), Observed(T0 + 1, candidate_failure=crashed("OOMKilled")), {}
+        )
+        assert moved.phase == "RollingBack"
+
+    def test_once_promoting_the_stable_deployment_takes_over(self) -> None:
+        state = at_step(2).model_copy(update={"phase": "Promoting", "weight": 100})
+        assert advance(state, rollout_of(), Observed(T0 + 1, candidate_failure=crashed("OOMKilled")), {}) == state
+
+    def test_without_the_pod_check_a_crashing_candidate_keeps_its_weight(self) -> None:
+        """What the analysis alone made of a crashing candidate: no Triton metrics, so no data, and at the step's end
+        a pause with its weight held while callers fail."""
+        no_data = analysed("NoData", T0 + 60, 1)
+        held = advance(at_step(1), rollout_of(), Observed(T0 + 60, analysis=no_data), {})
+        assert (held.phase, held.reason, held.weight) == ("Paused", "NoData", 25)
+        moved = advance(
+            at_step(1),
+            rollout_of(),
+            Observed(T0 + 60, analysis=no_data, candidate_failure=crashed("CrashLoopBackOff")),
+            {},
+        )
+        assert (moved.phase, moved.reason, moved.weight) == ("RollingBack", "CandidateCrashLoopBackOff", 0)
 
 
 class TestReplicas:

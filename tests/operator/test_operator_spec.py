@@ -183,6 +183,21 @@ class TestErrors:
     def test_agreement_settings_name_the_field(self, agreement: dict[str, Any], message: str) -> None:
         assert spec_error(raw_spec(rollout={"agreement": agreement})) == message
 
+    @pytest.mark.parametrize(
+        ("analysis", "message"),
+        [
+            ({"maxP99Ratio": 1}, "spec.rollout.analysis.maxP99Ratio: Input should be greater than 1"),
+            ({"maxP99Ratio": 0.8}, "spec.rollout.analysis.maxP99Ratio: Input should be greater than 1"),
+            ({"maxP99Ratio": 101}, "spec.rollout.analysis.maxP99Ratio: Input should be less than or equal to 100"),
+        ],
+    )
+    def test_the_p99_ratio_is_above_one(self, analysis: dict[str, Any], message: str) -> None:
+        assert spec_error(raw_spec(rollout={"analysis": analysis})) == message
+
+    def test_the_p99_ratio_defaults_to_one_and_a_half(self) -> None:
+        rollout = parse_spec(raw_spec(rollout={})).rollout
+        assert rollout is not None and rollout.analysis.max_p99_ratio == 1.5
+
     def test_too_few_samples_for_the_stated_error_rates(self) -> None:
         # 600 decide an identical model, but a candidate at the threshold is often undecided there.
         message = spec_error(raw_spec(rollout={"agreement": {"maxSamples": 600}}))

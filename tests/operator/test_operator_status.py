@@ -10,7 +10,7 @@ from inferop_core.memory import CONTAINER_RUNTIME
 from inferop_core.objectstore import ADVICE
 from inferop_core.quantity import format_bytes
 from inferop_operator.builders import Service, build_deployment
-from inferop_operator.diagnosis import FETCH_FIELDS, pod_facts
+from inferop_operator.diagnosis import FETCH_FIELDS, candidate_failure, pod_facts
 from inferop_operator.kubeapi import ApiFailure
 from inferop_operator.plan import plan_service
 from inferop_operator.spec import parse_spec
@@ -574,6 +574,7 @@ def pod(
     memory_limit: str | None = "1Gi",
     image: str = "nvcr.io/nvidia/tritonserver:24.08-py3",
     ready: bool = False,
+    restarts: int = 0,
     **state: Any,
 ) -> dict[str, Any]:
     """A Triton pod as the API server returns it; `state` gives the triton container's state and lastState."""
@@ -600,8 +601,10 @@ def pod(
                     "ready": ready,
                     "state": state.get("state", {"running": {}}),
                     "lastState": state.get("last_state", {}),
+                    "restartCount": restarts,
                 }
             ],
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
         },
     }
 
@@ -733,6 +736,64 @@ class TestPodsHealthy:
             [pod("a", state=BACK_OFF, last_state=CRASH), pod("b", state={"waiting": {"reason": "ErrImagePull"}})]
         )
         assert found.reason == "ImagePullFailed"
+
+
+class TestCandidateFailure:
+    """What of a rollout's candidate pods rolls it back whatever its metrics say (diagnosis.candidate_failure): each
+    failure from what the kubelet reports, none from healthy or starting pods."""
+
+    def failure(self, pods: list[dict[str, Any]], takes_traffic: bool = True) -> Any:
+        return candidate_failure([pod_facts(p) for p in pods], 800 * MI, takes_traffic)
+
+    def test_healthy_and_starting_pods_fail_nothing(self) -> None:
+        starting = pod("conv-net-canary-2", state={"waiting": {"reason": "ContainerCreating"}})
+        assert self.failure([pod("conv-net-canary-1", ready=True), starting]) is None
+
+    def test_an_oom_kill_names_the_size_that_fits(self) -> None:
+        found = self.failure([pod(memory_limit="512Mi", ready=True, restarts=1, last_state=OOM)])
+        assert found is not None and found.reason == "OOMKilled"
+        assert "was OOM-killed at its memory limit of 512Mi" in found.message
+
+    def test_a_crash_loop_says_the_servers_last_words(self) -> None:
+        found = self.failure([pod(restarts=3, state=BACK_OFF, last_state=CRASH)])
+        assert found is not None and found.reason == "CrashLoopBackOff"
+        assert "failed to load 'conv_net': bad config" in found.message
+
+    def test_a_restart_ready_again_still_fails_it(self) -> None:
+        killed = {"terminated": {"reason": "Error", "exitCode": 137, "message": "liveness probe failed"}}
+        found = self.failure([pod(ready=True, restarts=1, last_state=killed)])
+        assert found is not None and found.reason == "Restarted"
+        assert found.message == (
+            "container triton of pod conv-net-abc-1 restarted 1 time(s); it last exited with code 137 (Error): "
+            "liveness probe failed"
+        )
+
+    def test_a_fetch_retried_before_the_server_started_is_no_restart(self) -> None:
+        retried = pod(ready=True)
+        retried["status"]["initContainerStatuses"][0]["restartCount"] = 2
+        assert self.failure([retried]) is None
+
+    def test_no_ready_pod_fails_it_only_while_its_step_sends_it_requests(self) -> None:
+        starting = [pod("conv-net-canary-1"), pod("conv-net-canary-2")]
+        assert self.failure(starting, takes_traffic=False) is None  # the agreement, or a step not yet in effect
+        found = self.failure(starting)
+        assert found is not None and found.reason == "Unavailable"
+        assert found.message == (
+            "no pod of the candidate is Ready (conv-net-canary-1, conv-net-canary-2) while its step sends it live "
+            "requests"
+        )
+
+    def test_a_pod_being_deleted_is_not_looked_at(self) -> None:
+        """A rolled-back candidate's pods may still be terminating when the next candidate starts."""
+        previous = pod("conv-net-canary-old", restarts=1, last_state=OOM)
+        previous["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        assert self.failure([previous, pod("conv-net-canary-new", ready=True)]) is None
+
+    def test_an_oom_kill_comes_before_a_crash_loop_and_a_restart(self) -> None:
+        found = self.failure(
+            [pod("a", restarts=2, state=BACK_OFF, last_state=CRASH), pod("b", restarts=1, last_state=OOM)]
+        )
+        assert found is not None and found.reason == "OOMKilled"
 
 
 def stuck(deadline: int = 600) -> dict[str, Any]:
