@@ -42,7 +42,9 @@ COUNTERS = {
 # the answer included, which Envoy answers 503), the pods' resets and failed connections, and the time to the answer.
 ENVOY_REQUESTS = "envoy_cluster_upstream_rq_total"
 ENVOY_ANSWERS = "envoy_cluster_upstream_rq_xx"  # by envoy_response_code_class
-ENVOY_RESETS = "envoy_cluster_upstream_rq_rx_reset|envoy_cluster_upstream_cx_connect_fail"
+# Requests reset and connections refused, each asked alone: one selector of both names gives series that differ
+# only by name, which increase() drops, and Prometheus refuses the result (422: duplicate label sets).
+ENVOY_RESETS = ("envoy_cluster_upstream_rq_rx_reset", "envoy_cluster_upstream_cx_connect_fail")
 ENVOY_TIME = "envoy_cluster_upstream_rq_time_bucket"  # ms
 QUANTILE = 0.99
 # Envoy Gateway's cluster of rule `rule` of an HTTPRoute (internal/gatewayapi/helpers.go irRouteDestinationName),
@@ -148,7 +150,7 @@ def gateway_queries(clusters: list[str], seconds: float) -> dict[str, str]:
     return {
         "requests": f"sum(increase({ENVOY_REQUESTS}{{{where}}}[{window}]))",
         "errors": f'sum(increase({ENVOY_ANSWERS}{{{where},envoy_response_code_class="5"}}[{window}]))',
-        "resets": f'sum(increase({{__name__=~"{ENVOY_RESETS}",{where}}}[{window}]))',
+        **{f"resets {name}": f"sum(increase({name}{{{where}}}[{window}]))" for name in ENVOY_RESETS},
         "p99_ms": f"histogram_quantile({QUANTILE}, sum by (le) (increase({ENVOY_TIME}{{{where}}}[{window}])))",
     }
 
@@ -162,7 +164,8 @@ def gateway_window(answer: Ask, clusters: list[str], seconds: float) -> GatewayF
     requests = answer(queries["requests"])
     if requests is None:
         return None
-    errors, resets = answer(queries["errors"]) or 0.0, answer(queries["resets"]) or 0.0
+    errors = answer(queries["errors"]) or 0.0
+    resets = sum(answer(queries[f"resets {name}"]) or 0.0 for name in ENVOY_RESETS)
     return gateway_figures(requests, errors, resets, answer(queries["p99_ms"]))
 
 

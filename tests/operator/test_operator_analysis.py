@@ -173,13 +173,17 @@ class TestGatewayQueries:
 
     def test_exactly_the_tracks_clusters_summed_over_envoys(self) -> None:
         where = f'envoy_cluster_name=~"{"|".join(self.CLUSTERS)}"'
-        resets = "envoy_cluster_upstream_rq_rx_reset|envoy_cluster_upstream_cx_connect_fail"
         buckets = f"increase(envoy_cluster_upstream_rq_time_bucket{{{where}}}[10s])"
         assert cluster_matcher(self.CLUSTERS) == where
         assert gateway_queries(self.CLUSTERS, 9.2) == {
             "requests": f"sum(increase(envoy_cluster_upstream_rq_total{{{where}}}[10s]))",
             "errors": f'sum(increase(envoy_cluster_upstream_rq_xx{{{where},envoy_response_code_class="5"}}[10s]))',
-            "resets": f'sum(increase({{__name__=~"{resets}",{where}}}[10s]))',
+            "resets envoy_cluster_upstream_rq_rx_reset": (
+                f"sum(increase(envoy_cluster_upstream_rq_rx_reset{{{where}}}[10s]))"
+            ),
+            "resets envoy_cluster_upstream_cx_connect_fail": (
+                f"sum(increase(envoy_cluster_upstream_cx_connect_fail{{{where}}}[10s]))"
+            ),
             "p99_ms": f"histogram_quantile(0.99, sum by (le) ({buckets}))",
         }
 
@@ -191,7 +195,8 @@ class TestGatewayQueries:
 
     def test_figures_from_the_answers(self) -> None:
         queries = gateway_queries(self.CLUSTERS, 10)
-        answers = {queries["requests"]: 200.0, queries["errors"]: 10.0, queries["resets"]: 4.0, queries["p99_ms"]: 9.5}
+        resets = queries["resets envoy_cluster_upstream_rq_rx_reset"]
+        answers = {queries["requests"]: 200.0, queries["errors"]: 10.0, resets: 4.0, queries["p99_ms"]: 9.5}
         figures = gateway_window(answers.get, self.CLUSTERS, 10)
         assert figures is not None
         assert (figures.requests, figures.error_ratio, figures.reset_ratio, figures.p99_ms) == (200, 0.05, 0.02, 9.5)
