@@ -66,10 +66,19 @@ def in_the_node(kube: Cluster) -> Iterator[NodeSite]:
         yield site
 
 
-def answered(prometheus: Prometheus, panel: Panel) -> dict[str, dict[str, float]] | None:
-    """The panel's queries once every one has data, with a series for each track where its legend shows the track."""
+def answered(prometheus: Prometheus, pods: set[str], panel: Panel) -> dict[str, dict[str, float]] | None:
+    """The panel's queries once every one has data, with a series for each track where its legend shows the track
+    and for each of `pods` where it shows the pod (the kubelet reads each pod's cgroups on a tick of its own)."""
     found = evaluate(prometheus, panel, VARIABLES, INTERVAL_SECONDS, SCRAPE_SECONDS)
-    complete = all(series and (TRACK not in legend or set(series) == TRACKS) for legend, series in found.items())
+
+    def whole(legend: str, series: dict[str, float]) -> bool:
+        return (
+            bool(series)
+            and (TRACK not in legend or set(series) == TRACKS)
+            and (legend != "{{pod}}" or set(series) >= pods)
+        )
+
+    complete = all(whole(legend, series) for legend, series in found.items())
     return found if found and complete else None
 
 
@@ -134,7 +143,7 @@ def test_every_panel_answers_in_its_unit_on_real_pods(
             time.sleep(window + SCRAPE_SECONDS)
             figures: dict[str, dict[str, dict[str, float]]] = {
                 panel.title: wait_for(
-                    functools.partial(answered, prometheus, panel),
+                    functools.partial(answered, prometheus, {pod["metadata"]["name"] for pod in pods.values()}, panel),
                     timeout=120,
                     interval=1,
                     what=f"data for every query of {panel.title!r}",
