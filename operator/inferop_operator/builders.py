@@ -405,6 +405,10 @@ def progress_deadline_seconds(service: Service) -> int:
     return service.spec.timeouts.startup_seconds + 300 + fetch
 
 
+# Seconds a Triton pod being deleted goes on serving, while the gateways in front of it drop its address.
+ENDPOINT_DRAIN_SECONDS = 5
+
+
 def build_deployment(service: Service) -> dict[str, Any]:
     spec = service.spec
     volume, source_mount = source_volume(service)
@@ -434,6 +438,9 @@ def build_deployment(service: Service) -> dict[str, Any]:
             "timeoutSeconds": 2,
             "failureThreshold": 2,
         },
+        # A pod being deleted leaves its Service's endpoints at once, but a gateway learns that later (Envoy by
+        # EDS, a kube-proxy by its sync): Triton serves on until then, then gets SIGTERM.
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(ENDPOINT_DRAIN_SECONDS)]}}},
         "volumeMounts": [
             {"name": "models", "mountPath": MODEL_REPOSITORY, "readOnly": True},
             source_mount,
@@ -458,7 +465,7 @@ def build_deployment(service: Service) -> dict[str, Any]:
             "spec": {
                 "automountServiceAccountToken": False,
                 "enableServiceLinks": False,
-                "terminationGracePeriodSeconds": math.ceil(spec.timeouts.request_seconds) + 15,
+                "terminationGracePeriodSeconds": ENDPOINT_DRAIN_SECONDS + math.ceil(spec.timeouts.request_seconds) + 15,
                 "securityContext": {
                     "runAsNonRoot": True,
                     "runAsUser": TRITON_UID,
@@ -596,6 +603,16 @@ def build_network_policy(service: Service) -> dict[str, Any]:
     }
 
 
+# The HTTPRoute's weights are parts per ROUTE_PARTS of the requests. A backendRef that takes none keeps
+# PARKED_PARTS: Envoy Gateway drops a backendRef of weight 0 and its Envoy cluster with it (its gatewayapi/route.go,
+# v1.9.1), and a route that sends requests to a cluster Envoy adds in the same update fails them until the cluster
+# has its endpoints (Envoy warms clusters, never routes: 500, no_cluster). So every backendRef stays for the route's
+# life and a step moves a backendRef's endpoints; a parked one takes 1 request in 10,001, of the revision that
+# serves the rest.
+ROUTE_PARTS = 10_000
+PARKED_PARTS = 1
+
+
 def build_http_route(service: Service, api_version: str) -> dict[str, Any]:
     """The HTTPRoute that attaches the service to its Gateway: callers to the stable Service, or split between it
     and the candidate's by weight; header-matched callers to the candidate; a share mirrored to it. Triton's HTTP
@@ -604,7 +621,9 @@ def build_http_route(service: Service, api_version: str) -> dict[str, Any]:
     Each backendRef sets TRACK_HEADER to its track's component (a RequestHeaderModifier, Gateway API's extended
     backendRef filter). With a filter on a backendRef, Envoy Gateway gives every backend of the rule a cluster of
     its own (httproute/<namespace>/<route>/rule/<rule>/backend/<backend>) where it would put the rule's backends in
-    one: Envoy's stats then tell the tracks apart, which the rollout's analysis needs (analysis.route_clusters)."""
+    one: Envoy's stats then tell the tracks apart, which the rollout's analysis needs (analysis.route_clusters).
+    Those clusters are the same through a rollout (route_backends): the default rule first, its two backendRefs
+    always there, the header-matched rule after it (its match outranks the default rule's wherever it stands)."""
     gateway, traffic = service.routing.gateway, service.routing.traffic
     if gateway is None:
         raise ValueError("build_http_route needs a gateway")
@@ -615,18 +634,19 @@ def build_http_route(service: Service, api_version: str) -> dict[str, Any]:
         parent["sectionName"] = gateway.section_name
     stable = {"name": service.name, "port": HTTP_PORT}
     candidate = {"name": f"{service.name}{CANDIDATE_SUFFIX}", "port": HTTP_PORT}
-    default: dict[str, Any] = {"backendRefs": [backend_ref(stable, "stable", 100 - traffic.weight)]}
-    if service.candidate is not None and traffic.weight > 0:
-        default["backendRefs"].append(backend_ref(candidate, "candidate", traffic.weight))
+    default: dict[str, Any] = {"backendRefs": route_backends(stable, candidate, service.candidate, traffic)}
     if service.candidate is not None and traffic.mirror_percent > 0:
         default["filters"] = [
             {"type": "RequestMirror", "requestMirror": {"backendRef": candidate, "percent": traffic.mirror_percent}}
         ]
     rules = [default]
     header = service.spec.rollout.header if service.spec.rollout is not None else None
-    if service.candidate is not None and traffic.header and header is not None:
+    if header is not None:  # header-matched callers reach the candidate in its header phase, the stable otherwise
         match = {"headers": [{"type": "Exact", "name": header.name, "value": header.value}]}
-        rules.insert(0, {"matches": [match], "backendRefs": [backend_ref(candidate, "candidate", 1)]})
+        matched = backend_ref(candidate, "candidate", ROUTE_PARTS)
+        if service.candidate is None or not traffic.header:
+            matched = backend_ref(stable, "stable", ROUTE_PARTS)
+        rules.append({"matches": [match], "backendRefs": [matched]})
     spec: dict[str, Any] = {"parentRefs": [parent], "rules": rules}
     if gateway.hostnames:
         spec["hostnames"] = list(gateway.hostnames)
@@ -636,6 +656,18 @@ def build_http_route(service: Service, api_version: str) -> dict[str, Any]:
         "metadata": metadata(service, service.name),
         "spec": spec,
     }
+
+
+def route_backends(
+    stable: dict[str, Any], candidate: dict[str, Any], rolling: Service | None, traffic: Traffic
+) -> list[dict[str, Any]]:
+    """The default rule's two backendRefs: the first the stable Service's, the second the candidate's while it takes
+    requests and the stable's otherwise, each with its share of ROUTE_PARTS and never below PARKED_PARTS."""
+    share = traffic.weight * ROUTE_PARTS // 100 if rolling is not None else 0
+    first = backend_ref(stable, "stable", max(ROUTE_PARTS - share, PARKED_PARTS))
+    if share > 0:
+        return [first, backend_ref(candidate, "candidate", share)]
+    return [first, backend_ref(stable, "stable", PARKED_PARTS)]
 
 
 def backend_ref(service: dict[str, Any], track: Track, weight: int) -> dict[str, Any]:

@@ -127,5 +127,6 @@ def test_the_route_attaches_to_the_gateway_named_and_its_schema_admits_it(kubect
     assert route["spec"]["parentRefs"][0]["namespace"] == namespace
     assert route["spec"]["hostnames"] == ["routed.example.com"]
     (rule,) = route["spec"]["rules"]
-    assert [(b["name"], b["port"], b["weight"]) for b in rule["backendRefs"]] == [(name, 8000, 100)]
+    # Every request to the stable Service: the second backendRef, a rollout's candidate, is parked on it.
+    assert [(b["name"], b["port"], b["weight"]) for b in rule["backendRefs"]] == [(name, 8000, 10_000), (name, 8000, 1)]
     assert route["metadata"]["ownerReferences"][0]["name"] == name

@@ -154,18 +154,23 @@ class TestRouteClusters:
 
     def test_a_step_a_cluster_a_track_and_the_header_rule_the_candidates(self) -> None:
         assert clusters_of(Traffic(weight=5, header=True)) == {
-            "stable": ["httproute/models/conv-net/rule/1/backend/0"],
-            "candidate": ["httproute/models/conv-net/rule/0/backend/0", "httproute/models/conv-net/rule/1/backend/1"],
+            "stable": ["httproute/models/conv-net/rule/0/backend/0"],
+            "candidate": ["httproute/models/conv-net/rule/0/backend/1", "httproute/models/conv-net/rule/1/backend/0"],
         }
 
     def test_mirrored_requests_are_the_candidates(self) -> None:
         assert clusters_of(Traffic(weight=0, mirror_percent=20)) == {
-            "stable": ["httproute/models/conv-net/rule/0/backend/0"],
+            "stable": [f"httproute/models/conv-net/rule/{rule}/backend/{backend}" for rule, backend in STABLE_SLOTS],
             "candidate": ["httproute/models/conv-net/rule/0-mirror-0"],
         }
 
     def test_no_traffic_to_the_candidate_no_cluster(self) -> None:
-        assert clusters_of(Traffic()) == {"stable": ["httproute/models/conv-net/rule/0/backend/0"], "candidate": []}
+        stable = [f"httproute/models/conv-net/rule/{rule}/backend/{backend}" for rule, backend in STABLE_SLOTS]
+        assert clusters_of(Traffic()) == {"stable": stable, "candidate": []}
+
+
+# Without traffic to the candidate, the default rule's two backendRefs and the header-matched rule's are the stable's.
+STABLE_SLOTS = [(0, 0), (0, 1), (1, 0)]
 
 
 class TestGatewayQueries:

@@ -361,8 +361,9 @@ class TestTritonArgs:
     def test_in_flight_requests_get_time_to_finish(self, request_seconds: float, exit_timeout: int) -> None:
         service = make_service(raw_spec(timeouts={"requestSeconds": request_seconds}))
         assert f"--exit-timeout-secs={exit_timeout}" in triton_args(service)
-        grace = build_deployment(service)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-        assert grace > exit_timeout
+        pod = build_deployment(service)["spec"]["template"]["spec"]
+        (drain,) = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][1:]
+        assert pod["terminationGracePeriodSeconds"] > int(drain) + exit_timeout
 
     def test_cpu_and_gpu(self) -> None:
         cpu, gpu = triton_args(make_service(SPECS["defaults"])), triton_args(make_service(SPECS["gpu"]))
@@ -912,6 +913,10 @@ def backend(name: str, weight: int, component: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+# The default rule without a rollout: every request to the stable Service, its second backendRef parked on it too.
+STABLE_ONLY = [backend("conv-net", 10_000, "predictor"), backend("conv-net", 1, "predictor")]
+
+
 class TestHttpRoute:
     def route(self, service: Service) -> dict[str, Any]:
         return build_http_route(service, "gateway.networking.k8s.io/v1")
@@ -924,21 +929,43 @@ class TestHttpRoute:
              "sectionName": "http"}
         ]  # fmt: skip
         assert route["spec"]["hostnames"] == ["models.example.com"]
-        assert route["spec"]["rules"] == [{"backendRefs": [backend("conv-net", 100, "predictor")]}]
+        assert route["spec"]["rules"] == [{"backendRefs": STABLE_ONLY}]
 
     def test_a_step_splits_by_weight_and_sends_the_header_to_the_candidate(self) -> None:
-        header, default = self.route(rolling(Traffic(weight=5, header=True)))["spec"]["rules"]
+        default, header = self.route(rolling(Traffic(weight=5, header=True)))["spec"]["rules"]
         assert header == {
             "matches": [{"headers": [{"type": "Exact", "name": "x-ab", "value": "b"}]}],
-            "backendRefs": [backend("conv-net-canary", 1, "canary")],
+            "backendRefs": [backend("conv-net-canary", 10_000, "canary")],
         }
         assert default == {
-            "backendRefs": [backend("conv-net", 95, "predictor"), backend("conv-net-canary", 5, "canary")]
+            "backendRefs": [backend("conv-net", 9_500, "predictor"), backend("conv-net-canary", 500, "canary")]
         }
 
+    def test_every_backend_stays_through_a_rollout_so_that_envoy_never_adds_a_cluster_that_takes_requests(
+        self,
+    ) -> None:
+        """Envoy Gateway drops a backendRef of weight 0 with its cluster, and Envoy fails requests routed to a
+        cluster it is adding (no_cluster): the same backendRefs from before the rollout to after it, each step
+        moving what they point at."""
+        steps = [
+            (0, False, "Agreement"),
+            (5, True, "Progressing"),
+            (100, False, "Progressing"),
+            (0, False, "Finishing"),
+        ]
+        routes = [self.route(rolling(Traffic(weight=w, header=header), phase=phase)) for w, header, phase in steps]
+        shapes = {
+            str([(index, len(rule["backendRefs"])) for index, rule in enumerate(r["spec"]["rules"])]) for r in routes
+        }
+        assert shapes == {"[(0, 2), (1, 1)]"}
+        weights = [[b["weight"] for rule in r["spec"]["rules"] for b in rule["backendRefs"]] for r in routes]
+        assert weights == [[10_000, 1, 10_000], [9_500, 500, 10_000], [1, 10_000, 10_000], [10_000, 1, 10_000]]
+        at_full = routes[2]["spec"]["rules"][0]["backendRefs"]
+        assert [b["name"] for b in at_full] == ["conv-net", "conv-net-canary"]
+
     def test_a_shadow_mirrors_a_share_and_answers_from_the_stable_service(self) -> None:
-        (default,) = self.route(rolling(Traffic(weight=0, mirror_percent=20)))["spec"]["rules"]
-        assert default["backendRefs"] == [backend("conv-net", 100, "predictor")]
+        default, _ = self.route(rolling(Traffic(weight=0, mirror_percent=20)))["spec"]["rules"]
+        assert default["backendRefs"] == STABLE_ONLY
         assert default["filters"] == [
             {"type": "RequestMirror",
              "requestMirror": {"backendRef": {"name": "conv-net-canary", "port": 8000}, "percent": 20}}

@@ -50,6 +50,7 @@ from inferop_devtools.dashboard import PANELS, evaluate, plausible
 from inferop_devtools.drills.traffic import Mix, Request, Sent, Traffic, board_request
 from inferop_devtools.gateway.plane import (
     GATEWAY,
+    LISTENER_PORT,
     MODELS,
     SCRAPE_SECONDS,
     GatewayPlane,
@@ -71,7 +72,13 @@ TICK_SECONDS = 1.0  # the operator's rollout tick in the drill
 # The rate window of the dashboard's Triton panels when the drill reads it (their $__rate_interval): inside one step.
 # The gateway's panel takes a longer one, as Grafana gives it (its min interval).
 DASHBOARD_WINDOW_SECONDS = 5
-SHARE_TOLERANCE = 0.1  # how far the traffic-share panel may read from the step's weight
+SHARE_TOLERANCE = 0.1  # how far the traffic-share panel may read from the step's weight, at least
+# Envoy's requests routed to a cluster it does not have: its listener's HTTP connection manager counts them
+# (http.<stat prefix>.no_cluster); Envoy Gateway serves a privileged listener port at port + 10000, named http-<port>.
+ENVOY_NO_CLUSTER = f"http.http-{LISTENER_PORT + 10_000}.no_cluster"
+# A route naming a cluster that Envoy adds in the same update fails what it sends there until the cluster has its
+# endpoints (no_cluster): a rollout's steps should add none.
+ENVOY_CHURN = ("cluster_manager.cluster_added", ENVOY_NO_CLUSTER)
 ENDED = ("Succeeded", "RolledBack")  # a rollout's final phases
 P99 = 0.99
 
@@ -291,6 +298,13 @@ class Observer:
         )
 
 
+def share_tolerance(weight: float, requests: float) -> float:
+    """How far a share of `requests` may read from `weight`: Envoy draws each request's backend at random, so the
+    count is binomial; four standard deviations (1 run in 16,000 beyond), and never less than SHARE_TOLERANCE."""
+    spread = math.sqrt(weight * (1 - weight) / requests) if requests > 0 else 1.0
+    return max(SHARE_TOLERANCE, 4 * spread)
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(share * len(ordered)) - 1))] if ordered else float("nan")
@@ -393,12 +407,15 @@ class Drill:
             admitted = self.admission(name) if admission else None
             traffic = self.traffic(name)
             time.sleep(3)
+            before = self.plane.envoy_stats(*ENVOY_CHURN)
             changed = self.change(name, change)
             seen = beside.submit(during, name, observer) if during else None
             final = observer.final(self.timeout())
             outcomes = traffic.stop()
+            after = self.plane.envoy_stats(*ENVOY_CHURN)
             found = seen.result(timeout=60) if seen else None
-        return Run(observer, [s for s in outcomes if s.at >= changed], changed, final, admitted, found)
+        churn = {stat: after[stat] - before[stat] for stat in ENVOY_CHURN}
+        return Run(observer, [s for s in outcomes if s.at >= changed], changed, final, admitted, found, churn)
 
     def dashboard_mid_rollout(self, name: str, observer: Observer) -> dict[str, Any]:
         """The chart's dashboard, its Triton and gateway panels, as Prometheus answers them at the first step where
@@ -449,6 +466,8 @@ class Drill:
             for value in series.values()
         )
         share = next(iter(read["Traffic share by track"].values()))
+        rates = read["Requests per second by outcome"].values()
+        requests = sum(value for series in rates for value in series.values()) * interval
         return {
             "weight": weight,
             "envoy_switched_seconds_into_step": round(switched - entered, 1),
@@ -458,6 +477,7 @@ class Drill:
             "every_query_answered": complete,
             "in_unit": in_unit,
             "canary_share": round(share.get(COMPONENTS["candidate"], 0.0), 3),
+            "share_tolerance": round(share_tolerance(weight / 100, requests), 3),
             "gateway_p99_ms": next(iter(read["Latency at the gateway"]["p99"].values()), None),
             "panels": read,
         }
@@ -491,12 +511,17 @@ class Drill:
         dashboard = run.seen
         return run.report(
             failed_at_weight_changes=len(at_changes),
+            envoy=run.envoy,
             admission=run.admission,
             dashboard=dashboard,
             goals=goals(
                 ("promoted to 100% automatically", run.final["phase"] == "Succeeded"),
                 ("at most 0.1% of requests fail over the whole rollout", (run.callers["failed_ratio"] or 0) <= 0.001),
                 ("none fails at a weight change", not at_changes),
+                (
+                    "Envoy adds no cluster while the rollout moves traffic, and routes no request to one it lacks",
+                    run.envoy["cluster_manager.cluster_added"] == run.envoy[ENVOY_NO_CLUSTER] == 0,
+                ),
                 (
                     "the gateway admits what the pods hold: Envoy enforces the operator's bound on the route",
                     run.admission["enforced"],
@@ -506,8 +531,8 @@ class Drill:
                     dashboard["every_query_answered"] and dashboard["in_unit"] and dashboard["still_at_the_step"],
                 ),
                 (
-                    f"the dashboard's traffic share reads the step's weight within {SHARE_TOLERANCE:g}",
-                    abs(dashboard["canary_share"] - dashboard["weight"] / 100) <= SHARE_TOLERANCE,
+                    f"the dashboard's traffic share reads the step's weight within {dashboard['share_tolerance']:g}",
+                    abs(dashboard["canary_share"] - dashboard["weight"] / 100) <= dashboard["share_tolerance"],
                 ),
             ),
         )
@@ -740,7 +765,7 @@ class Drill:
         rules = route.get("spec", {}).get("rules", [])
         backends = [(b["name"], b.get("weight")) for rule in rules for b in rule.get("backendRefs", [])]
         matched = [m for rule in rules for m in rule.get("matches", []) if m.get("headers")]
-        clean = backends == [(name, 100)] and not matched and not any(rule.get("filters") for rule in rules)
+        clean = {n for n, _ in backends} == {name} and not matched and not any(rule.get("filters") for rule in rules)
         leftovers = [p for p in self.pods_of(name) if "canary" in p]
         return {
             "first": first.get("phase"), "second": second.get("phase"), "weights_of_the_second": weights,
@@ -748,7 +773,7 @@ class Drill:
             "goals": goals(
                 ("both promoted", first.get("phase") == second.get("phase") == "Succeeded"),
                 ("the second starts from 0%, not from the first's 100%", bool(weights) and weights[0] == 0),
-                ("no stale route: one backend, the stable Service, at 100; no match, no mirror", clean),
+                ("no stale route: every backend the stable Service; no match, no mirror", clean),
                 ("no candidate pod left", not leftovers),
             ),
         }  # fmt: skip
@@ -842,6 +867,7 @@ class Run:
     final: dict[str, Any]
     admission: dict[str, Any] | None = None  # Drill.admission, before the change
     seen: dict[str, Any] | None = None  # what `during` found beside the rollout
+    envoy: dict[str, int] = field(default_factory=dict)  # ENVOY_CHURN's increase from the change to the end
 
     @property
     def callers(self) -> dict[str, Any]:

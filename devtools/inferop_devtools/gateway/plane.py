@@ -307,6 +307,15 @@ class GatewayPlane:
             forward.terminate()
             forward.wait(timeout=10)
 
+    def envoy_stats(self, *names: str) -> dict[str, int]:
+        """Counters of the Gateway's Envoy by their full names (its admin API's /stats), 0 for one it lacks."""
+        with self.envoy_admin() as admin:
+            status, body = http_get(f"http://{admin}/stats?format=json")
+        if status != 200:
+            raise ClusterError(f"Envoy's admin /stats answered {status}")
+        found = {stat["name"]: stat.get("value") for stat in json.loads(body).get("stats", []) if "name" in stat}
+        return {name: int(found.get(name) or 0) for name in names}
+
     # ------------------------------------------------------------------------------------------- services
 
     def apply_service(self, manifest: Json) -> Json:
