@@ -49,6 +49,7 @@ PROVIDERS: dict[str, Provider] = {
     "bench": Provider("inferop", "."),
     "operator": Provider("inferop-operator", "./operator"),
     "plan": Provider("inferop-operator", "./operator"),
+    "rollout": Provider("inferop-operator", "./operator"),
     "export": Provider("inferop-export", "./export"),
     "tune": Provider("inferop-export", "./export"),
     "cluster": Provider("inferop-devtools", "./devtools"),

@@ -4,3 +4,4 @@ from inferop_core.commands import Command
 
 OPERATOR = Command("inferop_operator.cli", "run the InferenceService operator")
 PLAN = Command("inferop_operator.plancli", "what the operator decides for an InferenceService, offline")
+ROLLOUT = Command("inferop_operator.rolloutcli", "see and steer the rollout of an InferenceService")

@@ -189,6 +189,16 @@ class KubeApi:
             raise
         return True
 
+    def patch_spec(self, namespace: str, name: str, spec: dict[str, Any]) -> None:
+        """A merge patch of an InferenceService's spec: what a person edits (inferop rollout), never the
+        operator."""
+        self._call(
+            "PATCH",
+            resource_path(API_VERSION, KIND, namespace, name),
+            header_params={"Content-Type": "application/merge-patch+json"},
+            body={"spec": spec},
+        )
+
     def patch_service_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self._call(
             "PATCH",

@@ -71,8 +71,8 @@ class TestMissingDistribution:
         assert "serve a model repository with a local tritonserver" in out
         assert "operator" not in out.split("not installed here")[0]
         missing = (
-            "not installed here: operator (inferop-operator), plan (inferop-operator), export (inferop-export), "
-            "tune (inferop-export), "
+            "not installed here: operator (inferop-operator), plan (inferop-operator), rollout (inferop-operator), "
+            "export (inferop-export), tune (inferop-export), "
             "cluster (inferop-devtools)"
         )
         assert missing in " ".join(out.split())

@@ -452,3 +452,31 @@ class TestClusterWide:
     )
     def test_can_i(self, kubectl: Kubectl, installed: Installed, verb: str, resource: str, allowed: bool) -> None:
         assert can_i(kubectl, installed, verb, resource, None) is allowed
+
+    @pytest.mark.parametrize(
+        ("role", "verb", "allowed"),
+        [("edit", "patch", True), ("edit", "get", True), ("admin", "delete", True), ("view", "watch", True),
+         ("view", "patch", False), ("view", "create", False)],
+    )  # fmt: skip
+    def test_kubernetes_user_roles_take_in_inference_services(
+        self, kubectl: Kubectl, installed: Installed, role: str, verb: str, allowed: bool
+    ) -> None:
+        """A RoleBinding to Kubernetes' own edit role lets a person steer a rollout (inferop rollout patches the
+        spec) and one to view lets them watch it: the clusterrole-aggregation controller adds the chart's rules."""
+        user, namespace = f"{role}-user", installed.other
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"{role}-user", "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }
+        kubectl.run("apply", "-f", "-", stdin=json.dumps(binding))
+
+        def may(what: str) -> bool:
+            result = kubectl.run("auth", "can-i", what, CRD_NAME, "-n", namespace, f"--as={user}", check=False)
+            return result.stdout.strip() == "yes"
+
+        # Each role reads them once the controller has aggregated the chart's rules (moments after the install).
+        assert wait_for(lambda: may("get"), what=f"{role} to read InferenceServices", timeout=30)
+        assert may(verb) is allowed

@@ -7,6 +7,10 @@ serves: the agreement check cannot reach them, so a candidate waits at its agree
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,6 +86,46 @@ def test_a_change_runs_as_a_candidate_beside_the_stable_pods_until_aborted(
         rolled = kubectl.get("infsvc", name, namespace)
         assert (condition(rolled, "Rollout") or {}).get("status") == "False"
     assert config_hash(kubectl.get("deployment", name, namespace) or {}) == config_hash(stable)
+
+
+def inferop_rollout(kubectl: Kubectl, *args: str) -> subprocess.CompletedProcess[str]:
+    inferop = Path(sys.executable).with_name("inferop")
+    return subprocess.run(
+        [str(inferop), "rollout", *args], env=kubectl.env, capture_output=True, text=True, timeout=90, check=False
+    )
+
+
+def test_inferop_rollout_sees_and_steers_the_rollout(
+    kubectl: Kubectl, namespace: str, measured: Callable[[str], None]
+) -> None:
+    """pause, a promote the phase refuses, status and abort, each through the spec field the operator acts on."""
+    name = "steered"
+    apply_text(kubectl, namespace, manifest(name, rollout=ROLLOUT))
+    wait_for(lambda: rollout_of(kubectl, name, namespace).get("stable"), what="the stable revision in the status")
+    patch(kubectl, name, namespace, {"batching": {"maxBatchSize": 8}})
+    state = wait_for(
+        lambda: (s := rollout_of(kubectl, name, namespace)).get("phase") == "Agreement" and s, what="Agreement"
+    )
+
+    paused = inferop_rollout(kubectl, "pause", name, "-n", namespace)
+    assert paused.returncode == 0 and "held at its step" in paused.stdout, paused.stderr
+    assert (kubectl.get("infsvc", name, namespace) or {})["spec"]["rollout"]["paused"] is True
+    refused = inferop_rollout(kubectl, "promote", name, "-n", namespace)
+    assert refused.returncode == 2
+    assert f"cannot promote {name}: its rollout is Agreement (only in Paused, Progressing)" in refused.stderr
+    assert "promote" not in (kubectl.get("infsvc", name, namespace) or {})["spec"]["rollout"]  # nothing written
+    shown = inferop_rollout(kubectl, "status", name, "-n", namespace)
+    assert shown.stdout.startswith("Agreement:") and f"candidate {state['candidate']}" in shown.stdout, shown.stderr
+
+    aborted = inferop_rollout(kubectl, "abort", name, "-n", namespace)
+    assert aborted.returncode == 0, aborted.stderr + aborted.stdout
+    assert (rollout_of(kubectl, name, namespace)["reason"]) == "Aborted"
+    measured(aborted.stdout.strip())
+    missing = inferop_rollout(kubectl, "status", "nowhere", "-n", namespace)
+    assert (missing.returncode, missing.stderr.strip()) == (
+        2,
+        f"inferop: InferenceService nowhere not found in namespace {namespace}",
+    )
 
 
 def test_header_matches_and_mirroring_need_a_gateway(kubectl: Kubectl, namespace: str) -> None:
