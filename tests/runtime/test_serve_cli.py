@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import socket
@@ -56,12 +57,18 @@ def group_members(pgid: int) -> list[str]:
     return [line for line in found.stdout.splitlines() if line.strip()]
 
 
+@contextlib.contextmanager
+def listening(port: int = 0) -> Iterator[socket.socket]:
+    """Somebody else listening on `port` (0: a port the kernel picks)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        yield sock
+
+
 @pytest.fixture
 def listening_socket() -> Iterator[socket.socket]:
-    """A port somebody else is listening on."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
+    with listening() as sock:
         yield sock
 
 
@@ -106,11 +113,14 @@ class TestServe:
         assert result.returncode == 1
         assert f"--http-port {port}: port is already in use" in result.stderr
 
-    def test_busy_grpc_port_exits_1_naming_that_port(
-        self, model_repo: ExportedRepo, listening_socket: socket.socket
-    ) -> None:
-        grpc_port = listening_socket.getsockname()[1]
-        result = serve_and_wait(model_repo.path, grpc_port - 1)
+    def test_busy_grpc_port_exits_1_naming_that_port(self, model_repo: ExportedRepo) -> None:
+        from inferop.serving.tritonserver import free_port
+
+        # The HTTP port must be free: the port below a busy one the kernel picked need not be.
+        http_port = free_port()
+        grpc_port = http_port + 1
+        with listening(grpc_port):
+            result = serve_and_wait(model_repo.path, http_port)
         assert result.returncode == 1
         assert f"--grpc-port {grpc_port}: port is already in use" in result.stderr
 
