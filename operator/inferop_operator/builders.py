@@ -643,10 +643,9 @@ def build_http_route(service: Service, api_version: str) -> dict[str, Any]:
     header = service.spec.rollout.header if service.spec.rollout is not None else None
     if header is not None:  # header-matched callers reach the candidate in its header phase, the stable otherwise
         match = {"headers": [{"type": "Exact", "name": header.name, "value": header.value}]}
-        matched = backend_ref(candidate, "candidate", ROUTE_PARTS)
-        if service.candidate is None or not traffic.header:
-            matched = backend_ref(stable, "stable", ROUTE_PARTS)
-        rules.append({"matches": [match], "backendRefs": [matched]})
+        in_header_phase = service.candidate is not None and traffic.header
+        target, track = (candidate, "candidate") if in_header_phase else (stable, "stable")
+        rules.append({"matches": [match], "backendRefs": [backend_ref(target, track, ROUTE_PARTS)]})
     spec: dict[str, Any] = {"parentRefs": [parent], "rules": rules}
     if gateway.hostnames:
         spec["hostnames"] = list(gateway.hostnames)
