@@ -644,7 +644,8 @@ def build_http_route(service: Service, api_version: str) -> dict[str, Any]:
     if header is not None:  # header-matched callers reach the candidate in its header phase, the stable otherwise
         match = {"headers": [{"type": "Exact", "name": header.name, "value": header.value}]}
         in_header_phase = service.candidate is not None and traffic.header
-        target, track = (candidate, "candidate") if in_header_phase else (stable, "stable")
+        track: Track = "candidate" if in_header_phase else "stable"
+        target = candidate if in_header_phase else stable
         rules.append({"matches": [match], "backendRefs": [backend_ref(target, track, ROUTE_PARTS)]})
     spec: dict[str, Any] = {"parentRefs": [parent], "rules": rules}
     if gateway.hostnames:
