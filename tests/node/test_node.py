@@ -427,6 +427,57 @@ def test_a_stalled_model_is_restarted_by_the_kubelet_running_the_rendered_probe(
     )
 
 
+def liveness_probes(kube: Cluster, pod: str) -> Counter[str]:
+    """How many times the kubelet has run `pod`'s liveness probe, by result, from its own probe metrics."""
+    text = kube.run("get", "--raw", f"/api/v1/nodes/{NODE_NAME}/proxy/metrics/probes")
+    runs: Counter[str] = Counter()
+    for line in text.splitlines():
+        if line.startswith("prober_probe_total{") and 'probe_type="Liveness"' in line and f'pod="{pod}"' in line:
+            result = re.search(r'result="(\w+)"', line)
+            runs[result.group(1) if result else "?"] += int(float(line.rsplit(" ", 1)[1]))
+    return runs
+
+
+@pytest.mark.integration
+def test_the_kubelet_leaves_an_overloaded_model_alone(
+    kube: Cluster, operator: Path, model_repo: ExportedRepo, measured: Callable[[str], None]
+) -> None:
+    """Heavy healthy load is no stall: the conv net on a quarter of a CPU, offered more than it serves, its queue
+    full and requests timing out of it, completes executions all along; every run of the rendered exec probe that
+    the kubelet makes passes, and it restarts nothing."""
+    manifest = one_cpu("busy", model_repo, "conv_net", {"timeouts": {"requestSeconds": 4}})
+    for bound in ("requests", "limits"):
+        manifest["spec"]["resources"][bound]["cpu"] = "250m"
+    kube.apply(manifest)
+    try:
+        ready = kube.run("wait", "--for=condition=Ready", "infsvc/busy", "--timeout=120s", check=False, timeout=130)
+        assert "condition met" in ready, kube.run("describe", "infsvc,pods", check=False)
+        (pod,) = json.loads(kube.run("get", "pods", "-l", "app.kubernetes.io/instance=busy", "-o", "json"))["items"]
+        name, address = pod["metadata"]["name"], pod["status"]["podIP"]
+        (triton,) = (c for c in pod["spec"]["containers"] if c["name"] == "triton")
+        dims = manifest["spec"]["model"]["inputs"][0]["dims"]
+        before = liveness_probes(kube, name)
+        # 1,000 arrivals a second: several times what a quarter CPU answers, within the callers' file limit.
+        callers = subprocess.run(
+            NodeSite.of(kube.state_dir).in_network(sys.executable, "-c", CALLERS,
+                                                  f"{address}:8000", "conv_net", json.dumps(dims), "1000", "15", "10"),
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert callers.returncode == 0, callers.stderr
+        after = liveness_probes(kube, name)
+        container = kube.pod(name)["status"]["containerStatuses"][0]
+        events = kube.run("get", "events", "--field-selector", f"involvedObject.name={name}")
+    finally:
+        kube.run("delete", "infsvc", "busy", "--wait=false", check=False)  # the fixture waits for its pods
+    kinds = Counter(kind for _, _, kind in json.loads(callers.stdout)["outcomes"])
+    runs = after - before
+    assert kinds["rejected"] + kinds["timed_out"] > 0, f"not overloaded: {kinds}"
+    assert runs["successful"] >= 15 // triton["livenessProbe"]["periodSeconds"] - 1, runs
+    assert set(runs) == {"successful"}, runs
+    assert container["restartCount"] == 0 and "Liveness probe failed" not in events, events
+    measured(f"overloaded conv net at 250m: {dict(kinds)}; the kubelet's liveness probe runs {dict(runs)}, 0 restarts")
+
+
 def answers(url: str, boards: np.ndarray) -> dict[str, np.ndarray]:
     """The conv net's outputs for `boards` from the Triton at `url` (HTTP, binary tensors)."""
     import tritonclient.http as httpclient

@@ -149,6 +149,14 @@ class NodeSite:
             (pod / "cpuset.cpus").write_text(cpus)
         return True
 
+    def container_pids(self, uid: str, container_id: str) -> list[int]:
+        """The processes of container `container_id` (a pod status's containerID, runtime:// prefix and all) of pod
+        `uid`, from the cgroup the kubelet made for it: /proc/<pid>/root is the container's file system as its
+        processes see it."""
+        (hierarchy,) = (h for h in cgroup_hierarchies() if h.name == "pids")
+        found = list((hierarchy / self.cgroup_root).glob(f"kubepods/**/pod{uid}/{container_id.split('://')[-1]}"))
+        return [int(pid) for cgroup in found for pid in (cgroup / "cgroup.procs").read_text().split()]
+
     @property
     def host_link(self) -> str:
         """The host's end of the veth (at most 15 characters); the node's end is eth0 in `netns`."""

@@ -1,7 +1,8 @@
 """A kubelet's liveness prober for a local tritonserver: the Deployment's rendered probe (exec, or httpGet), run
 as the kubelet runs it (every periodSeconds, killed after timeoutSeconds, inside the pod's cgroup), restarting the
 container after failureThreshold consecutive failures (SIGTERM, SIGKILL after terminationGracePeriodSeconds, then
-a fresh start). The drills use it to show a stalled model recover without a person, and a busy one left alone.
+a fresh start). The overload drill, which runs its pods as local servers, uses it to show a busy server left alone;
+the hang drill and tests/node have the real kubelet run the probe.
 
 Only the addresses and the interpreter change: the rendered command probes 127.0.0.1:8000/8002 and keeps its state
 in the pod's /tmp; here it probes the local server's ports and keeps its state in a temporary directory, and runs on

@@ -62,7 +62,7 @@ def plot_drill(name: str, drill: dict[str, Any]) -> str | None:
         healthy = drill["stall"]["healthy"]
         axis.axvline(healthy, color="red", linestyle=":", label="stall begins")
         for restart in drill["inferop"]["restarts"]:
-            axis.axvline(healthy + restart["after_stall_seconds"], color="black", linestyle="--", label="restarted")
+            axis.axvline(healthy + restart["stopped_after_seconds"], color="black", linestyle="--", label="restarted")
         axis.set_xlabel("seconds")
         axis.set_ylabel("requests pending in Triton")
         axis.set_title("a stalled model: pending requests, and the liveness probe's restart")
@@ -231,35 +231,38 @@ def memory_section(drill: dict[str, Any]) -> list[str]:
 
 
 def hang_section(drill: dict[str, Any]) -> list[str]:
-    probe = drill["liveness_probe"]
+    probe, plain = drill["liveness_probe"], drill["naive_liveness_probe"]
     lines = ["", "## d. hang (field report 004)", ""]
     lines.append(
-        f"Both sides: {drill['stall']['rate']:g} req/s with no client timeout, the same alert rules "
-        f"({drill['rules']}), every execution blocked from {drill['stall']['healthy']:g} s on. inferop's pod also "
-        f"runs the rendered liveness probe (every {probe['periodSeconds']} s, threshold {probe['failureThreshold']}, "
-        f"timeout {probe['timeoutSeconds']} s) as a kubelet would: SIGTERM, SIGKILL after {drill['grace_seconds']} s, "
-        f"a fresh start; tritonserver {' '.join(drill['exit_timeout_args'])}."
+        f"On {drill['where']}, both pods on one CPU with the same limits: {drill['stall']['rate']:g} req/s from the "
+        f"node's network with no client timeout, the same alert rules ({drill['rules']}), every execution blocked "
+        f"from {drill['stall']['healthy']:g} s on. The naive Deployment is NVIDIA's example: its liveness probe a "
+        f"GET of {plain['httpGet']['path']} every {plain['periodSeconds']} s. inferop's pod runs the rendered exec "
+        f"probe (every {probe['periodSeconds']} s, threshold {probe['failureThreshold']}, timeout "
+        f"{probe['timeoutSeconds']} s), grace {drill['grace_seconds']} s, tritonserver "
+        f"{' '.join(drill['exit_timeout_args'])}. The kubelet runs both."
     )
     lines += [
         "",
-        "| deployment | outcome | alerts fired (s after the stall) | in the stalled execution |",
-        "|---|---|---|---|",
+        "| deployment | outcome | kubelet | alerts fired (s after the stall) | in the stalled execution |",
+        "|---|---|---|---|---|",
     ]
     for label in ("naive", "inferop"):
         run = drill[label]
         r = run["result"]
         batch = run["in_flight_at_stall"]["batch"]
         restarts = "; ".join(
-            f"restart {x['after_stall_seconds']:g} s after the stall, old server gone at {x['stopped_after_seconds']:g}"
-            f" s, ready at {x['ready_after_seconds']} s"
+            f"old container gone {x['stopped_after_seconds']} s after the stall ({x['exit_reason']}), Ready again at "
+            f"{x['ready_after_seconds']} s"
             for x in run["restarts"]
         )
+        kubelet = ", ".join(f"{reason} x{count}" for reason, count in run["kubelet_events"].items()) or "no event"
         lines.append(
             f"| {label} | ok {r['ok']}, 503 {r['rejected'] + r['timed_out']} (503 max "
-            f"{ms(r['server_timeout_ms'], 'max')} ms), failed {r['failed']}, unfinished {r['unfinished']}"
-            f"{'; ' + restarts if restarts else ''}; serving again {run['serving_again_after_seconds']} s after the "
-            f"stall | {run['alerts_fired_after_seconds'] or 'none'} | {batch['count']} callers: {batch['kinds']}, "
-            f"ended {batch.get('ended_after_seconds')} s after the stall |"
+            f"{ms(r['server_timeout_ms'], 'max')} ms), failed {r['failed']}, unfinished {r['unfinished']}; serving "
+            f"again {run['serving_again_after_seconds']} s after the stall | restarts {run['restart_count']}"
+            f"{': ' + restarts if restarts else ''}; {kubelet} | {run['alerts_fired_after_seconds'] or 'none'} | "
+            f"{batch['count']} callers: {batch['kinds']}, ended {batch.get('ended_after_seconds')} s after the stall |"
         )
     return lines + goal_lines(drill["goals"])
 
