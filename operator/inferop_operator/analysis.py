@@ -29,7 +29,7 @@ from typing import Any
 
 from inferop_core.errors import InferopError
 from inferop_operator.identity import COMPONENT, COMPONENTS, INSTANCE, Track
-from inferop_operator.rollout import GatewayFigures, TrackFigures, gateway_figures, track_figures
+from inferop_operator.rollout import GatewayFigures, TrackFigures, gateway_figures, time_buckets, track_figures
 
 QUERY_TIMEOUT = 10.0  # seconds a query may take
 COUNTERS = {
@@ -46,7 +46,6 @@ ENVOY_ANSWERS = "envoy_cluster_upstream_rq_xx"  # by envoy_response_code_class
 # only by name, which increase() drops, and Prometheus refuses the result (422: duplicate label sets).
 ENVOY_RESETS = ("envoy_cluster_upstream_rq_rx_reset", "envoy_cluster_upstream_cx_connect_fail")
 ENVOY_TIME = "envoy_cluster_upstream_rq_time_bucket"  # ms
-QUANTILE = 0.99
 # Envoy Gateway's cluster of rule `rule` of an HTTPRoute (internal/gatewayapi/helpers.go irRouteDestinationName),
 # of its backendRef `backend` where each backend has its own (irDestinationSettingName), and of the rule's
 # RequestMirror filter `filter` (internal/gatewayapi/filters.go: "<rule's>-mirror-<filter index>").
@@ -55,6 +54,7 @@ BACKEND_CLUSTER = RULE_CLUSTER + "/backend/{backend}"
 MIRROR_CLUSTER = RULE_CLUSTER + "-mirror-{filter}"
 
 Ask = Callable[[str], "float | None"]  # an instant query's one value; None where it has no series, or NaN
+AskBuckets = Callable[[str], "dict[str, float]"]  # an instant query's values by `le`
 
 
 class PrometheusUnreachable(InferopError, RuntimeError):
@@ -77,9 +77,8 @@ def selector(namespace: str, service: str, model: str, track: Track) -> str:
     return ",".join(f'{key}="{value}"' for key, value in labels.items())
 
 
-def ask(base_url: str, promql: str, timeout: float = QUERY_TIMEOUT) -> float | None:
-    """The one value of an instant query: None where it has no series (nothing scraped matches), or is NaN (a
-    quantile of no request)."""
+def instant(base_url: str, promql: str, timeout: float = QUERY_TIMEOUT) -> list[dict[str, Any]]:
+    """The series of an instant query, each with its labels ("metric") and value."""
     url = f"{base_url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
@@ -88,11 +87,22 @@ def ask(base_url: str, promql: str, timeout: float = QUERY_TIMEOUT) -> float | N
         raise PrometheusUnreachable(f"Prometheus at {base_url} cannot be asked: {error}") from None
     if answer.get("status") != "success":
         raise PrometheusUnreachable(f"Prometheus at {base_url} answered {answer.get('error') or answer}")
-    results = answer.get("data", {}).get("result", [])
+    return list(answer.get("data", {}).get("result", []))
+
+
+def ask(base_url: str, promql: str, timeout: float = QUERY_TIMEOUT) -> float | None:
+    """The one value of an instant query: None where it has no series (nothing scraped matches), or is NaN (a
+    quantile of no request)."""
+    results = instant(base_url, promql, timeout)
     if not results:
         return None
     value = float(results[0]["value"][1])
     return None if math.isnan(value) else value
+
+
+def ask_buckets(base_url: str, promql: str, timeout: float = QUERY_TIMEOUT) -> dict[str, float]:
+    """The values of an instant query by its series' `le` label (a histogram's buckets); {} where it has none."""
+    return {series["metric"].get("le", ""): float(series["value"][1]) for series in instant(base_url, promql, timeout)}
 
 
 def query(base_url: str, promql: str, timeout: float = QUERY_TIMEOUT) -> float:
@@ -151,13 +161,16 @@ def gateway_queries(clusters: list[str], seconds: float) -> dict[str, str]:
         "requests": f"sum(increase({ENVOY_REQUESTS}{{{where}}}[{window}]))",
         "errors": f'sum(increase({ENVOY_ANSWERS}{{{where},envoy_response_code_class="5"}}[{window}]))',
         **{f"resets {name}": f"sum(increase({name}{{{where}}}[{window}]))" for name in ENVOY_RESETS},
-        "p99_ms": f"histogram_quantile({QUANTILE}, sum by (le) (increase({ENVOY_TIME}{{{where}}}[{window}])))",
+        "time": f"sum by (le) (increase({ENVOY_TIME}{{{where}}}[{window}]))",
     }
 
 
-def gateway_window(answer: Ask, clusters: list[str], seconds: float) -> GatewayFigures | None:
-    """One track's figures at the gateway over the last `seconds` (`answer` asks Prometheus), or None where
-    Prometheus has no series of its clusters: no cluster (no backend of the track), or no Envoy it scrapes."""
+def gateway_window(
+    answer: Ask, answer_buckets: AskBuckets, clusters: list[str], seconds: float
+) -> GatewayFigures | None:
+    """One track's figures at the gateway over the last `seconds` (`answer` and `answer_buckets` ask Prometheus),
+    or None where Prometheus has no series of its clusters: no cluster (no backend of the track), or no Envoy it
+    scrapes."""
     if not clusters:
         return None
     queries = gateway_queries(clusters, seconds)
@@ -166,7 +179,7 @@ def gateway_window(answer: Ask, clusters: list[str], seconds: float) -> GatewayF
         return None
     errors = answer(queries["errors"]) or 0.0
     resets = sum(answer(queries[f"resets {name}"]) or 0.0 for name in ENVOY_RESETS)
-    return gateway_figures(requests, errors, resets, answer(queries["p99_ms"]))
+    return gateway_figures(requests, errors, resets, time_buckets(answer_buckets(queries["time"])))
 
 
 def prometheus_reader(
@@ -179,7 +192,9 @@ def prometheus_reader(
         figures = track_window(base_url, namespace, service, model, track, seconds)
         if clusters is None:
             return figures
-        gateway = gateway_window(lambda promql: ask(base_url, promql), clusters[track], seconds)
+        gateway = gateway_window(
+            lambda promql: ask(base_url, promql), lambda promql: ask_buckets(base_url, promql), clusters[track], seconds
+        )
         return figures.model_copy(update={"gateway": gateway})
 
     return read

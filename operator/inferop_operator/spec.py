@@ -601,7 +601,9 @@ class Analysis(Section):
         le=100,
         description="The candidate's 99th percentile of the time the gateway's Envoy waited for its answers over the "
         "stable revision's in the same window, at most (Envoy's histogram of upstream request time, per backend; "
-        "through a Gateway of Envoy Gateway only), once each has 100 requests timed (minRequests, where more).",
+        "through a Gateway of Envoy Gateway only), once each has 100 requests timed (minRequests, where more), and "
+        "when the candidate's requests slower than this times the stable revision's p99 are more than 1% of its "
+        "requests give with a chance of 0.001.",
     )
     min_requests: int = Field(
         default=20,

@@ -189,7 +189,7 @@ class TestGatewayQueries:
             "resets envoy_cluster_upstream_cx_connect_fail": (
                 f"sum(increase(envoy_cluster_upstream_cx_connect_fail{{{where}}}[10s]))"
             ),
-            "p99_ms": f"histogram_quantile(0.99, sum by (le) ({buckets}))",
+            "time": f"sum by (le) ({buckets})",
         }
 
     def test_a_name_s_metacharacters_are_escaped(self) -> None:
@@ -201,19 +201,21 @@ class TestGatewayQueries:
     def test_figures_from_the_answers(self) -> None:
         queries = gateway_queries(self.CLUSTERS, 10)
         resets = queries["resets envoy_cluster_upstream_rq_rx_reset"]
-        answers = {queries["requests"]: 200.0, queries["errors"]: 10.0, resets: 4.0, queries["p99_ms"]: 9.5}
-        figures = gateway_window(answers.get, self.CLUSTERS, 10)
+        answers = {queries["requests"]: 200.0, queries["errors"]: 10.0, resets: 4.0}
+        histogram = {queries["time"]: {"5": 100.0, "10": 200.0, "+Inf": 200.0}}
+        figures = gateway_window(answers.get, histogram.__getitem__, self.CLUSTERS, 10)
         assert figures is not None
-        assert (figures.requests, figures.error_ratio, figures.reset_ratio, figures.p99_ms) == (200, 0.05, 0.02, 9.5)
+        assert (figures.requests, figures.error_ratio, figures.reset_ratio, figures.p99_ms) == (200, 0.05, 0.02, 9.9)
+        assert figures.slower_than(7.5) == (10.0, 0.0)
 
     def test_no_5xx_series_yet_is_none_and_no_request_timed_no_p99(self) -> None:
         queries = gateway_queries(self.CLUSTERS, 10)
-        figures = gateway_window({queries["requests"]: 0.0}.get, self.CLUSTERS, 10)
+        figures = gateway_window({queries["requests"]: 0.0}.get, lambda _: {}, self.CLUSTERS, 10)
         assert figures is not None
         assert (figures.requests, figures.errors, figures.resets, figures.p99_ms) == (0, 0, 0, None)
 
     def test_no_series_of_the_clusters_is_no_figures_not_zero(self) -> None:
         """Envoy serves the requests counter at 0 from the cluster's start: no series at all is a cluster Envoy does
         not have, or an Envoy Prometheus does not scrape. Nothing is judged on it."""
-        assert gateway_window({}.get, self.CLUSTERS, 10) is None
-        assert gateway_window({}.get, [], 10) is None
+        assert gateway_window({}.get, lambda _: {}, self.CLUSTERS, 10) is None
+        assert gateway_window({}.get, lambda _: {}, [], 10) is None

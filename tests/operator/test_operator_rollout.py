@@ -3,6 +3,7 @@ and the traffic they set. Pure: what the handlers observe is given, what the mac
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -22,11 +23,13 @@ from inferop_operator.rollout import (
     canary_replicas,
     decide,
     gateway_figures,
+    histogram_quantile,
     judge,
     replica_split,
     revision_of,
     served_fields,
     stable_spec,
+    time_buckets,
     timestamp,
     track_figures,
 )
@@ -343,8 +346,18 @@ class TestJudge:
         assert self.verdict(track_figures(97, 3, 97 * 2000), idle_stable) == "Failed"
 
 
-def at_gateway(requests: float = 200, errors: float = 0, resets: float = 0, p99: float | None = 10.0) -> GatewayFigures:
-    return gateway_figures(requests, errors, resets, p99 if requests else None)
+ENVOY_BOUNDS = (0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, math.inf)  # ms, Envoy's defaults
+
+
+def at_gateway(
+    requests: float = 200, errors: float = 0, resets: float = 0, times: dict[float, int] | None = None
+) -> GatewayFigures:
+    """What the gateway saw of a track: `times` the requests timed, by ms (default: every request at 8 ms, a p99
+    of 9.95 ms in Envoy's buckets)."""
+    timed = {8.0: int(requests)} if times is None else times
+    by_le = {("+Inf" if bound == math.inf else f"{bound:g}"): float(sum(n for ms, n in timed.items() if ms <= bound))
+             for bound in ENVOY_BOUNDS}  # fmt: skip
+    return gateway_figures(requests, errors, resets, time_buckets(by_le))
 
 
 def serving(gateway: GatewayFigures | None, requests: int = 200, ms: float = 2.0) -> TrackFigures:
@@ -389,26 +402,41 @@ class TestJudgeAtTheGateway:
         found = self.judged(serving(at_gateway(requests=19, errors=19), requests=0), serving(at_gateway()))
         assert (found.verdict, found.check) == ("NoData", "requests")
 
-    def test_a_p99_beyond_the_ratio_fails_with_both_and_the_ratio(self) -> None:
-        """A slow tail with the same mean: what the mean cannot see."""
-        found = self.judged(serving(at_gateway(p99=30.0)), serving(at_gateway(p99=10.0)))
+    def test_a_p99_beyond_the_ratio_fails_with_both_the_ratio_and_the_slow_requests(self) -> None:
+        """A slow tail with the same mean: what the mean cannot see. 20 of 200 requests at 40 ms, where the stable
+        revision's p99 is 9.95 ms: 1% of requests beyond 1.5 times it would be 2."""
+        found = self.judged(serving(at_gateway(times={8.0: 180, 40.0: 20})), serving(at_gateway()))
         assert (found.verdict, found.check) == ("Failed", "p99")
         assert found.message.startswith(
-            "p99 at the gateway 30.0 ms against the stable revision's 10.0 ms: 3.00x (at most 1.5x): candidate 200 "
-            "requests, 0.00% failed, 2.0 ms a request (gateway: 200, 0.00% 5xx, 0 resets, p99 30.0 ms)"
-        )
+            "p99 at the gateway 47.5 ms against the stable revision's 9.9 ms: 4.77x (at most 1.5x): 20 of its 200 "
+            "requests slower than 25 ms, 7.6e-14 likely from a p99 within it: candidate 200 requests, 0.00% failed, "
+            "2.0 ms a request (gateway: 200, 0.00% 5xx, 0 resets, p99 47.5 ms)"
+        ), found.message
 
     def test_without_the_p99_gate_that_candidate_passes(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr("inferop_operator.rollout._p99", lambda *_: ("Passed", "p99 not judged", None))
-        assert self.judged(serving(at_gateway(p99=30.0)), serving(at_gateway(p99=10.0))).verdict == "Passed"
+        assert self.judged(serving(at_gateway(times={8.0: 180, 40.0: 20})), serving(at_gateway())).verdict == "Passed"
+
+    def test_a_p99_beyond_the_ratio_from_three_slow_requests_passes_and_says_why(self) -> None:
+        """Two revisions of one build: the candidate's three slowest of 200 landed in Envoy's next bucket. Its p99
+        reads 3.35x; three requests beyond 1.5 times the stable revision's p99 come by chance from a p99 within it
+        one time in three."""
+        found = self.judged(serving(at_gateway(times={8.0: 197, 40.0: 3})), serving(at_gateway()))
+        assert found.verdict == "Passed"
+        assert (
+            "p99 at the gateway 33.3 ms against the stable revision's 9.9 ms: 3.35x, but only 3 of its 200 requests "
+            "slower than 25 ms (0.32 likely from a p99 within 1.5x; the gate needs under 0.001)"
+        ) in found.message, found.message
+        many = at_gateway(requests=2000, times={8.0: 1950, 40.0: 50})
+        assert self.judged(serving(many, requests=2000), serving(at_gateway())).verdict == "Failed"  # 2.5% of 2,000
 
     def test_a_p99_within_the_ratio_passes_and_the_ratio_is_the_specs(self) -> None:
-        found = self.judged(serving(at_gateway(p99=14.0)), serving(at_gateway(p99=10.0)))
+        within = at_gateway(requests=2000, times={8.0: 1975, 12.0: 25})
+        found = self.judged(serving(within, requests=2000), serving(at_gateway()))
         assert found.verdict == "Passed"
-        assert "p99 at the gateway 14.0 ms against the stable revision's 10.0 ms: 1.40x" in found.message
-        assert self.judged(serving(at_gateway(p99=30.0)), serving(at_gateway(p99=10.0)), maxP99Ratio=4).verdict == (
-            "Passed"
-        )
+        assert "p99 at the gateway 13.0 ms against the stable revision's 9.9 ms: 1.31x" in found.message
+        slow_tail = serving(at_gateway(times={8.0: 180, 40.0: 20}))
+        assert self.judged(slow_tail, serving(at_gateway()), maxP99Ratio=5).verdict == "Passed"
 
     def test_no_request_on_a_side_is_no_data_never_a_pass(self) -> None:
         idle_stable = self.judged(serving(at_gateway()), serving(at_gateway(requests=0), requests=0))
@@ -419,20 +447,22 @@ class TestJudgeAtTheGateway:
 
     def test_a_window_without_a_histogram_update_is_not_judged_and_says_so(self) -> None:
         """Envoy updates its histograms every 5 s: a window between two updates has requests and no quantile."""
-        untimed = self.judged(serving(at_gateway(p99=None)), serving(at_gateway()))
+        untimed = self.judged(serving(at_gateway(times={})), serving(at_gateway()))
         assert untimed.verdict == "Passed"
         assert "p99 not judged: Envoy updated no histogram in this window (it does every 5 s)" in untimed.message
 
     def test_a_p99_of_too_few_requests_is_not_judged_and_says_so(self) -> None:
         """60 requests: the p99 is their slowest, and one of them past a bucket's edge (10 ms here) moves it 2.5x."""
-        found = self.judged(serving(at_gateway(requests=60, p99=24.0), requests=60), serving(at_gateway(p99=9.8)))
+        few = at_gateway(requests=60, times={8.0: 59, 20.0: 1})
+        found = self.judged(serving(few, requests=60), serving(at_gateway()))
         assert found.verdict == "Passed"
         assert "p99 not judged: 60 and 200 requests timed at the gateway, fewer than the 100 it needs" in found.message
         more = self.judged(serving(at_gateway(requests=120)), serving(at_gateway()), minRequests=150)
         assert "fewer than the 150 it needs" in more.message  # minRequests, where above 100
 
     def test_at_full_weight_the_idle_stable_revisions_p99_is_not_compared(self) -> None:
-        found = self.judged(serving(at_gateway(p99=30.0)), serving(at_gateway(requests=0), requests=0), weight=100)
+        slow_tail = serving(at_gateway(times={8.0: 180, 40.0: 20}))
+        found = self.judged(slow_tail, serving(at_gateway(requests=0), requests=0), weight=100)
         assert found.verdict == "Passed"
         assert "p99 not compared: the stable revision served no request at the gateway" in found.message
 
@@ -517,3 +547,23 @@ class TestReplicas:
         assert canary_replicas(10, 25, 0, False) == 3
         assert canary_replicas(10, 0, 20, True) == 2
         assert canary_replicas(0, 0, 0, False) == 1
+
+
+class TestEnvoysHistogram:
+    def test_the_quantile_is_prometheus_histogram_quantile(self) -> None:
+        """Linear within the bucket, from 0 below the first, the highest finite bound in the +Inf bucket."""
+        buckets = time_buckets({"5": 50.0, "10": 100.0, "+Inf": 100.0})
+        assert histogram_quantile(0.5, buckets) == 5.0
+        assert histogram_quantile(0.25, buckets) == 2.5
+        assert histogram_quantile(0.99, buckets) == 9.9
+        assert histogram_quantile(0.99, time_buckets({"5": 50.0, "10": 90.0, "+Inf": 100.0})) == 10.0
+        assert histogram_quantile(0.99, time_buckets({"5": 0.0, "+Inf": 0.0})) is None
+
+    def test_buckets_are_ordered_and_cumulative_whatever_increase_gave(self) -> None:
+        assert time_buckets({"+Inf": 10.0, "10": 9.0, "5": 9.2}) == ((5.0, 9.2), (10.0, 9.2), (math.inf, 10.0))
+
+    def test_slow_requests_are_counted_above_the_next_bound_never_more(self) -> None:
+        figures = at_gateway(times={8.0: 180, 12.0: 10, 40.0: 10})
+        assert figures.slower_than(14.9) == (25.0, 10.0)
+        assert figures.slower_than(10.0) == (10.0, 20.0)
+        assert figures.slower_than(20_000) == (math.inf, 0.0)

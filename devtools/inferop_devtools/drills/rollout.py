@@ -10,8 +10,10 @@ service serving a small policy/value net:
 
     good      the same model file with a better serving config (no queue delay): promoted; the chart's dashboard
               (its Triton and gateway panels) read mid-rollout at the step where both tracks serve
-    slow      a build three times slower (INFEROP_FAULT_SLOWDOWN in spec.runtime.env, which the image's model
-              reads), same answers: rolled back
+    slow      a build whose executions take SLOWDOWN times as long (INFEROP_FAULT_SLOWDOWN in spec.runtime.env,
+              which the image's model reads), same answers: rolled back. A request's time is more than its
+              execution: three times the execution read 1.59-1.68x the stable revision's time a request, at the
+              default gate of 1.5x, and was rolled back at one step or the next by chance; six reads well beyond it
     failing   a build that errors on boards holding 0.5 (INFEROP_FAULT_FAIL_VALUE), which the held-out boards
               never hold and a tenth of live requests do: rolled back
     wrong     other weights (another seed): fast, no errors, different answers: never gets a live request
@@ -73,6 +75,7 @@ TICK_SECONDS = 1.0  # the operator's rollout tick in the drill
 # The gateway's panel takes a longer one, as Grafana gives it (its min interval).
 DASHBOARD_WINDOW_SECONDS = 5
 SHARE_TOLERANCE = 0.1  # how far the traffic-share panel may read from the step's weight, at least
+SLOWDOWN = 6  # the slow build's executions: beyond the default latency gate by far (see the module's docstring)
 # Envoy's requests routed to a cluster it does not have: its listener's HTTP connection manager counts them
 # (http.<stat prefix>.no_cluster); Envoy Gateway serves a privileged listener port at port + 10000, named http-<port>.
 ENVOY_NO_CLUSTER = f"http.http-{LISTENER_PORT + 10_000}.no_cluster"
@@ -220,6 +223,7 @@ class Observer:
     plane: GatewayPlane
     name: str
     transitions: list[dict[str, Any]] = field(default_factory=list)
+    analyses: list[dict[str, Any]] = field(default_factory=list)  # each analysis the status showed, in turn
     counts: dict[str, dict[str, float]] = field(default_factory=dict)
     components: dict[str, str] = field(default_factory=dict)
     pinned: set[str] = field(default_factory=set)
@@ -234,6 +238,10 @@ class Observer:
         seen["stepStartedAt"] = rollout.get("stepStartedAt")
         if not self.transitions or {k: v for k, v in self.transitions[-1].items() if k != "at"} != seen:
             self.transitions.append({"at": time.monotonic(), **seen})
+        analysis = rollout.get("analysis")
+        if analysis and (not self.analyses or self.analyses[-1]["at"] != analysis.get("at")):
+            keys = ("at", "step", "weight", "verdict", "check", "message")
+            self.analyses.append({key: analysis.get(key) for key in keys})
         pods = self.plane.triton_pods(self.name)
         for pod in pods:
             name, component = pod["metadata"]["name"], pod["metadata"]["labels"][COMPONENT]
@@ -538,7 +546,7 @@ class Drill:
         )
 
     def slow(self) -> dict[str, Any]:
-        slow = {**self.model_with(weights="random (seed 0), slow build"), **fault("INFEROP_FAULT_SLOWDOWN", 3)}
+        slow = {**self.model_with(weights="random (seed 0), slow build"), **fault("INFEROP_FAULT_SLOWDOWN", SLOWDOWN)}
         run = self.roll("slow", slow)
         took = run.exposed_to_rollback()
         limit = self.settings.interval_seconds + 2 * TICK_SECONDS
@@ -769,6 +777,7 @@ class Drill:
         leftovers = [p for p in self.pods_of(name) if "canary" in p]
         return {
             "first": first.get("phase"), "second": second.get("phase"), "weights_of_the_second": weights,
+            "reason": second.get("reason"), "message": second.get("message"), "analyses": observer.analyses,
             "route_rules_after": rules, "callers": callers([s for s in outcomes if s.at >= changed]),
             "goals": goals(
                 ("both promoted", first.get("phase") == second.get("phase") == "Succeeded"),
@@ -896,6 +905,7 @@ class Run:
             "callers": self.callers,
             **figures,
             "transitions": relative(self.observer.transitions, self.changed),
+            "analyses": self.observer.analyses,
             "goals": goals,
         }
 
