@@ -11,27 +11,19 @@ probes: a restart ends the hang (the fault lives in the process), as a restart e
 from __future__ import annotations
 
 import contextlib
-import json
-import shutil
-import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from inferop.openloop import OpenLoopResult, Outcome, run_open_loop
 from inferop.serving.tritonserver import model_metrics
 from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
-from inferop_core.tritonconfig import ServingConfig, render_model_config
-from inferop_devtools.cluster.node import NodeSite
-from inferop_devtools.drills.harness import DrillCluster, operator_running, wait_until
+from inferop_core.tritonconfig import ServingConfig
+from inferop_devtools.field.node import NVIDIA_PROBES, FieldNode, PodWatch, inference_service, triton_deployment
 from inferop_devtools.field.pods import (
     NAIVE_SCHEDULING,
-    OUT,
-    REPO,
     Machine,
     Rendered,
     at_most,
@@ -42,19 +34,12 @@ from inferop_devtools.field.pods import (
     rendered,
 )
 from inferop_devtools.prometheus import Prometheus, chart_alert_rules
-from inferop_operator.identity import API_VERSION, KIND
 from inferop_operator.plan import memory_limit, plan_service
 from inferop_operator.spec import parse_spec
 
 STALL_SERIES = ("nv_inference_pending_request_count", "nv_inference_request_success")
 STALL_ALERT = "InferopQueueStalled"
 STALL_FILE = "/tmp/inferop-stall"  # in the pod's /tmp: the model blocks every execution while it exists
-NAMESPACE = "default"
-# NVIDIA's deploy/k8s-onprem chart: what a Deployment of Triton checks by hand.
-NAIVE_LIVENESS = {"httpGet": {"path": "/v2/health/live", "port": "http"}, "initialDelaySeconds": 15,
-                  "periodSeconds": 10, "failureThreshold": 3}  # fmt: skip
-NAIVE_READINESS = {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "initialDelaySeconds": 5,
-                   "periodSeconds": 5, "failureThreshold": 3}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -66,143 +51,6 @@ class Stall:
     rate: float = 20.0
     healthy: float = 10.0
     stalled: float = 50.0
-
-
-def naive_deployment(name: str, image: str, repo: Path, memory: str) -> dict[str, Any]:
-    """The model as NVIDIA's example deploys it: tritonserver on a model repository (here a hostPath), the HTTP
-    probes of its chart, the same limits and the same fault as inferop's pod."""
-    labels = {"app": name}
-    container = {
-        "name": "triton",
-        "image": image,
-        "imagePullPolicy": "Never",
-        "command": ["tritonserver", "--model-repository=/models"],
-        "ports": [{"containerPort": port, "name": port_name}
-                  for port, port_name in ((8000, "http"), (8001, "grpc"), (8002, "metrics"))],
-        "env": [{"name": "INFEROP_FAULT_STALL_FILE", "value": STALL_FILE}],
-        "resources": {"limits": {"cpu": "1", "memory": memory}, "requests": {"cpu": "1", "memory": memory}},
-        "livenessProbe": NAIVE_LIVENESS,
-        "readinessProbe": NAIVE_READINESS,
-        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True},
-                         {"name": "tmp", "mountPath": "/tmp"}],
-    }  # fmt: skip
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "securityContext": {"runAsUser": 1000, "fsGroup": 1000},
-                    "containers": [container],
-                    "volumes": [{"name": "models", "hostPath": {"path": str(repo), "type": "Directory"}},
-                                {"name": "tmp", "emptyDir": {}}],
-                },
-            },
-        },
-    }  # fmt: skip
-
-
-def naive_repo(serving: ServingConfig, directory: Path) -> Path:
-    """A model repository of the exported model with the naive config, as a user lays it out by hand."""
-    model = directory / serving.name
-    shutil.copytree(REPO / serving.name, model, ignore=shutil.ignore_patterns("config.pbtxt"))
-    (model / "config.pbtxt").write_text(render_model_config(serving))
-    for path in (directory, *directory.rglob("*")):  # readable by the container's user
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return directory
-
-
-def inference_service(name: str, raw: dict[str, Any]) -> dict[str, Any]:
-    spec = json.loads(json.dumps(raw))
-    spec["model"]["storageUri"] = f"hostpath://{REPO / spec['model']['name']}"
-    spec.setdefault("runtime", {})["env"] = [{"name": "INFEROP_FAULT_STALL_FILE", "value": STALL_FILE}]
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
-
-
-@dataclass
-class PodWatch:
-    """The serving pod of `selector`, seen every `interval` seconds on a thread: its container's restarts, when
-    its first process went away, when it was Ready again, with monotonic times."""
-
-    cluster: DrillCluster
-    selector: str
-    site: NodeSite
-    interval: float = 0.1
-    pod: dict[str, Any] = field(default_factory=dict)
-    first_pid: int | None = None
-    gone_at: float | None = None
-    ready_again_at: float | None = None
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def read(self) -> dict[str, Any]:
-        (pod,) = json.loads(
-            self.cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", self.selector, "-o", "json").stdout
-        )["items"]
-        return dict(pod)
-
-    def container(self, pod: dict[str, Any] | None = None) -> dict[str, Any]:
-        statuses = (pod or self.pod)["status"]["containerStatuses"]
-        return dict(next(s for s in statuses if s["name"] == "triton"))
-
-    def path(self, inside: str) -> Path:
-        """`inside` (an absolute path in the container) as this machine reaches it, through the first process."""
-        return Path(f"/proc/{self.first_pid}/root") / inside.lstrip("/")
-
-    def start(self) -> PodWatch:
-        self.pod = self.read()
-        pids = self.site.container_pids(self.pod["metadata"]["uid"], self.container()["containerID"])
-        servers = [pid for pid in pids if Path(f"/proc/{pid}/comm").read_text().strip() == "tritonserver"]
-        self.first_pid = (servers or pids)[0]  # the server, which outlives its model's stub on a stop
-        threading.Thread(target=self._loop, name="pod-watch", daemon=True).start()
-        return self
-
-    def _loop(self) -> None:
-        last_read = 0.0
-        while not self._stop.wait(self.interval):
-            now = time.monotonic()
-            if self.gone_at is None and not Path(f"/proc/{self.first_pid}").exists():
-                self.gone_at = now
-            if self.gone_at is not None and self.ready_again_at is None and now - last_read >= 0.5:
-                last_read = now
-                with contextlib.suppress(Exception):  # an apiserver blip: the next read tries again
-                    container = self.container(self.read())
-                    if container["restartCount"] > 0 and container.get("ready"):
-                        self.ready_again_at = time.monotonic()
-
-    def stop(self) -> dict[str, Any]:
-        self._stop.set()
-        self.pod = self.read()
-        return self.container()
-
-    def events(self) -> list[dict[str, Any]]:
-        found = json.loads(self.cluster.kubectl(
-            "get", "events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={self.pod['metadata']['name']}",
-            "-o", "json").stdout)["items"]  # fmt: skip
-        return [{"reason": e["reason"], "count": e.get("count", 1), "message": e["message"][:300]} for e in found]
-
-
-@contextlib.contextmanager
-def serving_pod(cluster: DrillCluster, manifest: dict[str, Any], selector: str, machine: Machine) -> Iterator[PodWatch]:
-    """`manifest` applied and its pod Ready, pinned to the server's CPU, watched; deleted afterwards."""
-    kind = manifest["kind"].lower() if manifest["kind"] == "Deployment" else "infsvc"
-    name = manifest["metadata"]["name"]
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
-    try:
-        pods = ("get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "name")
-        wait_until(lambda: cluster.kubectl(*pods).stdout.strip(), 120, f"a pod of {name}")
-        cluster.kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", "pod", "-l", selector, "--timeout=300s")
-        site = NodeSite.of(cluster.plane.layout.root)
-        watch = PodWatch(cluster, selector, site).start()
-        if not site.pin_pod(watch.pod["metadata"]["uid"], ",".join(map(str, sorted(machine.server_cpus)))):
-            raise SystemExit(f"error: no cgroup of the pod of {name} to pin to the server's CPU")
-        yield watch
-    finally:
-        cluster.kubectl("delete", "-n", NAMESPACE, kind, name, "--wait=true", check=False)
-        cluster.kubectl("wait", "-n", NAMESPACE, "--for=delete", "pod", "-l", selector, "--timeout=120s", check=False)
 
 
 def callers_in_flight(result: OpenLoopResult, moment: float | None, since: float) -> dict[str, Any]:
@@ -234,7 +82,7 @@ def stalled_run(
 ) -> dict[str, Any]:
     """Load on the pod's address, then the stall (the fault's file made in the container), with Triton's metrics
     read every second and a real Prometheus evaluating `rules`; the kubelet does what the pod's probes tell it."""
-    address = watch.pod["status"]["podIP"]
+    address = watch.address
     stall_file, held_file = watch.path(STALL_FILE), watch.path(f"{STALL_FILE}.held")
     metrics_url = f"http://{address}:8002/metrics"
     events: dict[str, float] = {}
@@ -354,29 +202,19 @@ def drill_hang(machine: Machine) -> dict[str, Any]:
         "stall": asdict(stall),
         "rules": rule_values,
         "liveness_probe": {k: v for k, v in probe.items() if k != "exec"},
-        "naive_liveness_probe": NAIVE_LIVENESS,
+        "naive_liveness_probe": NVIDIA_PROBES["livenessProbe"],
         "grace_seconds": kubelet.grace_seconds,
         "exit_timeout_args": kubelet.exit_timeout_args,
     }
-    work = Path(tempfile.mkdtemp(prefix="inferop-hang-"))
-    work.chmod(0o755)
-    try:
-        with DrillCluster(OUT / "hang-cluster", node=True) as cluster:
-            assert cluster.node is not None
-            image = cluster.node.images()["triton"]
-            memory = raw["resources"]["limits"]["memory"]
-            naive_manifest = naive_deployment("naive", image, naive_repo(naive(ours), work / "naive"), memory)
-            service = inference_service("ours", raw)
-            with (
-                operator_running(cluster, OUT / "hang-operator.log"),
-                cluster.node.site.network(),  # the callers and Prometheus in the node's network, as pods
-            ):
-                with serving_pod(cluster, naive_manifest, "app=naive", machine) as watch:
-                    results["naive"] = stalled_run(watch, naive(ours), NAIVE_SCHEDULING, rules, stall, machine, drain)
-                with serving_pod(cluster, service, "app.kubernetes.io/instance=ours", machine) as watch:
-                    results["inferop"] = stalled_run(watch, ours, DEFAULT_CPU_SCHEDULING, rules, stall, machine, drain)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    fault = {"INFEROP_FAULT_STALL_FILE": STALL_FILE}
+    with FieldNode.up(machine, "hang") as node:
+        limits = {key: str(value) for key, value in raw["resources"]["limits"].items()}
+        repo = node.repo("naive", naive(ours))
+        by_hand = triton_deployment("naive", node.triton_image, repo, limits, NAIVE_SCHEDULING, fault)
+        with node.serving(by_hand) as watch:
+            results["naive"] = stalled_run(watch, naive(ours), NAIVE_SCHEDULING, rules, stall, machine, drain)
+        with node.serving(inference_service("ours", raw, fault)) as watch:
+            results["inferop"] = stalled_run(watch, ours, DEFAULT_CPU_SCHEDULING, rules, stall, machine, drain)
     for label in ("naive", "inferop"):
         run = results[label]
         r = run["result"]

@@ -129,11 +129,12 @@ def naive(serving: ServingConfig, instances: int | None = None) -> ServingConfig
 @dataclass(frozen=True)
 class Rendered:
     """What the operator's Deployment gives the Triton container of `raw`: its liveness probe, the grace a
-    kubelet gives it on a restart, and tritonserver's own shutdown wait."""
+    kubelet gives it on a restart, tritonserver's own shutdown wait, and its environment."""
 
     liveness_probe: dict[str, Any]
     grace_seconds: int
     exit_timeout_args: list[str]
+    env: dict[str, str]  # the thread counts of OpenMP and the maths libraries
 
 
 def rendered(raw: dict[str, Any]) -> Rendered:
@@ -152,6 +153,7 @@ def rendered(raw: dict[str, Any]) -> Rendered:
         liveness_probe=container["livenessProbe"],
         grace_seconds=int(pod_spec_["terminationGracePeriodSeconds"]),
         exit_timeout_args=[arg for arg in container["args"] if arg.startswith("--exit-timeout-secs=")],
+        env={variable["name"]: variable["value"] for variable in container.get("env", [])},
     )
 
 

@@ -87,7 +87,13 @@ def goal_lines(goals: list[dict[str, Any]]) -> list[str]:
 
 def threads_section(drill: dict[str, Any]) -> list[str]:
     lines = ["", "## a. threads (field report 000)", ""]
+    lines.append(
+        f"On {drill['where']}, each row a pod with a CPU limit of 1 held to the server's CPU, its callers in the "
+        "node's network on the other: inferop under SCHED_BATCH is the operator's pod for the InferenceService, the "
+        "others Deployments of the same image by hand."
+    )
     lines += [
+        "",
         "| network | deployment | policy | config | samples/s | p99 ms | errors |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -275,7 +281,8 @@ def report(results: dict[str, Any], seconds: float) -> str:
         "# Field drills",
         "",
         f"`make field`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, {seconds / 60:.0f} min. "
-        "The server runs in a pod-sized cgroup on the last CPU, the load generator on the others.",
+        "The server runs on the last CPU, the load generator on the others: threads and hang as pods of the local "
+        "cluster's node under the kubelet, overload and memory in a pod-sized cgroup of their own.",
         "",
         "| drill | goal | result |",
         "|---|---|---|",
