@@ -67,8 +67,8 @@ def drill_threads(machine: Machine) -> dict[str, Any]:
             )  # fmt: skip
             deployments["inferop/batch"] = inference_service(f"{name}-inferop", raw)
             rows: dict[str, dict[str, Any]] = {}
-            for key in ("naive/normal", "naive/batch", "inferop/normal", "inferop/batch"):
-                label, policy = key.split("/")
+            for label, policy in ((label, policy) for label in ("naive", "inferop") for policy in POLICIES):
+                key = f"{label}/{policy}"
                 serving = copies if label == "naive" else fixed
                 with node.serving(deployments[key]) as watch, generator_process(machine.client_cpus):
                     level = bench.sweep(f"{watch.address}:8000", network, [concurrency], seconds, batch=1,
