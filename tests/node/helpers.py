@@ -73,6 +73,16 @@ class Cluster:
             capture_output=True,
         )
 
+    def ready_pod(self, service: str) -> dict[str, Any]:
+        """The one pod of InferenceService `service`, once the service is Ready (what both say, where it is not)."""
+        ready = self.run(
+            "wait", "--for=condition=Ready", f"infsvc/{service}", "--timeout=120s", check=False, timeout=130
+        )
+        assert "condition met" in ready, self.run("describe", "infsvc,pods", check=False)
+        selector = f"app.kubernetes.io/instance={service}"
+        (pod,) = json.loads(self.run("get", "pods", "-l", selector, "-o", "json"))["items"]
+        return dict(pod)
+
     def pod(self, name: str) -> dict[str, Any]:
         found: dict[str, Any] = json.loads(self.run("get", "pod", name, "-o", "json"))
         return found

@@ -390,9 +390,7 @@ def test_a_stalled_model_is_restarted_by_the_kubelet_running_the_rendered_probe(
     manifest = one_cpu("stall", model_repo, "conv_net", changes)
     kube.apply(manifest)
     try:
-        ready = kube.run("wait", "--for=condition=Ready", "infsvc/stall", "--timeout=120s", check=False, timeout=130)
-        assert "condition met" in ready, kube.run("describe", "infsvc,pods", check=False)
-        (pod,) = json.loads(kube.run("get", "pods", "-l", "app.kubernetes.io/instance=stall", "-o", "json"))["items"]
+        pod = kube.ready_pod("stall")
         name, address = pod["metadata"]["name"], pod["status"]["podIP"]
         dims = manifest["spec"]["model"]["inputs"][0]["dims"]
         callers = subprocess.Popen(
@@ -450,9 +448,7 @@ def test_the_kubelet_leaves_an_overloaded_model_alone(
         manifest["spec"]["resources"][bound]["cpu"] = "250m"
     kube.apply(manifest)
     try:
-        ready = kube.run("wait", "--for=condition=Ready", "infsvc/busy", "--timeout=120s", check=False, timeout=130)
-        assert "condition met" in ready, kube.run("describe", "infsvc,pods", check=False)
-        (pod,) = json.loads(kube.run("get", "pods", "-l", "app.kubernetes.io/instance=busy", "-o", "json"))["items"]
+        pod = kube.ready_pod("busy")
         name, address = pod["metadata"]["name"], pod["status"]["podIP"]
         (triton,) = (c for c in pod["spec"]["containers"] if c["name"] == "triton")
         dims = manifest["spec"]["model"]["inputs"][0]["dims"]

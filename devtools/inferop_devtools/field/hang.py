@@ -103,7 +103,7 @@ def stalled_run(
 
         def watch_held() -> None:  # when the stalled execution began, to 50 ms: its callers are those waiting then
             while "held" not in events and loader.is_alive():
-                with contextlib.suppress(OSError):  # the first process gone: a restart
+                with contextlib.suppress(OSError):  # the server process gone: a restart
                     if held_file.exists():
                         events["held"] = time.monotonic()
                 time.sleep(0.05)
