@@ -9,7 +9,6 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -29,17 +28,6 @@ def served_copy(model_repo: ExportedRepo, model: str, target: Path, **settings: 
     serving = model_repo.reports[model].serving.model_copy(update=settings)
     write_model_repo(serving, model_repo.path / model, target)
     return serving
-
-
-def raw_spec(model_repo: ExportedRepo, model: str, request_seconds: float, cpus: str = "1") -> dict[str, Any]:
-    """The InferenceService export writes for `model`, with another request timeout and CPU limit."""
-    from inferop_export.manifest import build_manifest
-
-    raw: dict[str, Any] = build_manifest(model_repo.reports[model].spec)["spec"]
-    raw["timeouts"]["requestSeconds"] = request_seconds
-    raw["resources"] = {"limits": {"cpu": cpus, "memory": "1Gi"}}
-    raw.pop("threads", None)
-    return raw
 
 
 SUCCESS, PENDING = "nv_inference_request_success", "nv_inference_pending_request_count"
