@@ -409,6 +409,15 @@ def progress_deadline_seconds(service: Service) -> int:
 ENDPOINT_DRAIN_SECONDS = 5
 
 
+def shared_memory_volume(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """An in-memory /dev/shm as large as the container's memory limit. Triton's python backend (python models, and
+    the stubs of a python-based backend) hands tensors to its stub processes through /dev/shm, where a container
+    runtime gives 64 MiB: two instances of Inception V3 at maxBatchSize 32 (31 MiB of shared memory each) fail to
+    load there. Its pages are charged to the container's memory, which the limit bounds and the estimate counts."""
+    size = spec.resources.limits.get("memory")
+    return {"name": "shm", "emptyDir": {"medium": "Memory", **({"sizeLimit": str(size)} if size else {})}}
+
+
 def build_deployment(service: Service) -> dict[str, Any]:
     spec = service.spec
     volume, source_mount = source_volume(service)
@@ -446,6 +455,7 @@ def build_deployment(service: Service) -> dict[str, Any]:
             source_mount,
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "shm", "mountPath": "/dev/shm"},
         ],
         "securityContext": container_security(),
     }
@@ -481,6 +491,7 @@ def build_deployment(service: Service) -> dict[str, Any]:
                     {"name": "models", "emptyDir": {"sizeLimit": "16Mi"}},
                     {"name": "config", "configMap": {"name": service.config_map_name}},
                     {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+                    shared_memory_volume(spec),
                 ],
             },
         },

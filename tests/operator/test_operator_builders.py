@@ -224,6 +224,17 @@ class TestDeployment:
         for container in pod["initContainers"]:
             assert container["resources"]["limits"], container["name"]
 
+    def test_dev_shm_is_memory_as_large_as_the_container_limit(self) -> None:
+        """Triton's python backend needs more shared memory than a container runtime's 64 MiB (two Inception V3
+        instances at maxBatchSize 32 fail to load on the node without it); what it holds is charged to the
+        container's memory, so the limit bounds it."""
+        unlimited = raw_spec(resources={"limits": {"cpu": "1"}})
+        for raw, size in ((raw_spec(), {"sizeLimit": "1Gi"}), (unlimited, {})):
+            deployment = build_deployment(make_service(raw))
+            volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+            (shm,) = (m for m in triton_container(deployment)["volumeMounts"] if m["mountPath"] == "/dev/shm")
+            assert volumes[shm["name"]]["emptyDir"] == {"medium": "Memory", **size}
+
     def test_replicas_set_without_autoscaling(self) -> None:
         deployment = build_deployment(make_service(raw_spec(replicas=3)))
         assert deployment["spec"]["replicas"] == 3
