@@ -41,7 +41,12 @@ MEMORY_MARGIN = 1.28
 def memory_limit(peak_bytes: float) -> str:
     """The memory limit for a peak estimate (or a limit that proved too small): the margin on top, in whole MiB
     rounded up, so that the quantity passes the fit check it was sized for."""
-    return f"{math.ceil(peak_bytes * MEMORY_MARGIN / 2**20)}Mi"
+    return f"{needed_limit_bytes(peak_bytes) // 2**20}Mi"
+
+
+def needed_limit_bytes(peak_bytes: float) -> int:
+    """The bytes of memory_limit(peak_bytes): the least memory limit the fit check accepts for that estimate."""
+    return math.ceil(peak_bytes * MEMORY_MARGIN / 2**20) * 2**20
 
 
 class Refusal(InferopError):
@@ -59,17 +64,27 @@ class MemoryFit:
     against: str  # what the estimate was compared with
     max_batch_size: int | None = None  # largest batch that fits with the requested instances
     max_instances: int | None = None  # most instances that fit at the requested batch size
+    margin: bool = False  # whether the limit must hold the estimate with MEMORY_MARGIN (a memory limit)
 
     @property
     def required_bytes(self) -> int:
         return self.estimate.total
 
     @property
+    def needed_bytes(self) -> int:
+        """What the limit must be: for a memory limit, the one memory_limit writes for the estimate, since the
+        kernel OOM-kills a container at its limit and the estimate may be under the peak by what the margin covers
+        (a limit equal to the estimate of Inception V3 at 1 CPU was OOM-killed on the node at saturation)."""
+        return needed_limit_bytes(self.required_bytes) if self.margin else self.required_bytes
+
+    @property
     def fits(self) -> bool:
-        return self.available_bytes is None or self.required_bytes <= self.available_bytes
+        return self.available_bytes is None or self.needed_bytes <= self.available_bytes
 
     def explain(self) -> str:
         arithmetic = f"peak estimate {self.estimate.explain()}"
+        if self.margin:
+            arithmetic += f", x {MEMORY_MARGIN} margin = {format_bytes(self.needed_bytes)}"
         assumed = f" ({self.estimate.assumed})" if self.estimate.assumed else ""
         if self.available_bytes is None:
             return f"{arithmetic}; not checked: {self.against}{assumed}"
@@ -119,7 +134,7 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
         if memory.max_instances:
             fixes.append(f"instances <= {memory.max_instances}")
         # Whole MiB rounded up, so the amount suggested is a quantity that passes this very check.
-        fixes.append(f"at least {math.ceil(memory.required_bytes / 2**20)}Mi {memory.against.split(' (')[0]}")
+        fixes.append(f"at least {math.ceil(memory.needed_bytes / 2**20)}Mi {memory.against.split(' (')[0]}")
         raise Refusal(
             "MemoryFit",
             "InsufficientMemory",
@@ -246,12 +261,15 @@ def memory_fit(spec: InferenceServiceSpec, costs: RuntimeCosts) -> MemoryFit:
     else:
         return MemoryFit(estimate, None, "resources.limits.memory is not set")
 
+    margin = not spec.uses_gpu
+
     def fits(**changes: Any) -> bool:
-        return estimate_peak(_changed(spec, **changes), costs).total <= available
+        peak = estimate_peak(_changed(spec, **changes), costs).total
+        return (needed_limit_bytes(peak) if margin else peak) <= available
 
     max_batch = next((b for b in range(spec.batching.max_batch_size - 1, 0, -1) if fits(max_batch_size=b)), None)
     max_instances = next((n for n in range(spec.instances - 1, 0, -1) if fits(instances=n)), None)
-    return MemoryFit(estimate, available, against, max_batch_size=max_batch, max_instances=max_instances)
+    return MemoryFit(estimate, available, against, max_batch, max_instances, margin)
 
 
 def _changed(spec: InferenceServiceSpec, max_batch_size: int | None = None, instances: int | None = None) -> Any:

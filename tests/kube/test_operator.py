@@ -132,7 +132,7 @@ class TestRefusals:
         )
         assert (fit["status"], fit["reason"]) == ("False", "InsufficientMemory")
         assert "= 6.79Gi against 3Gi" in fit["message"]
-        assert "batching.maxBatchSize <= 20" in fit["message"] and "instances <= 1" in fit["message"]
+        assert "batching.maxBatchSize <= 12" in fit["message"] and "instances <= 1" in fit["message"]
         assert _events(kubectl, namespace, "InsufficientMemory")
         assert kubectl.get("deployment", "out-of-memory", namespace) is None
 

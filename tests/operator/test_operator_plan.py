@@ -13,7 +13,7 @@ import yaml
 from inferop_core.memory import CONTAINER_RUNTIME, GPU_RUNTIME, RuntimeCosts
 from inferop_core.quantity import format_bytes, parse_quantity
 from inferop_core.tritonconfig import parse_model_config, render_model_config
-from inferop_operator.plan import MEMORY_MARGIN, Plan, Refusal, plan_service
+from inferop_operator.plan import MEMORY_MARGIN, Plan, Refusal, memory_limit, plan_service
 from inferop_operator.settings import OperatorSettings
 from inferop_operator.spec import parse_spec
 from tests.specs import EXAMPLES
@@ -281,12 +281,15 @@ class TestMemoryFit:
         assert result.memory.available_bytes == 4 * 1024 * MI
         assert result.memory.fits
 
-    def test_the_limit_is_compared_with_the_peak(self) -> None:
-        exact = f"{self.TOO_BIG_PEAK}"  # a quantity in bytes
+    def test_the_limit_is_compared_with_the_peak_and_its_margin(self) -> None:
+        """A memory limit must hold the peak estimate with MEMORY_MARGIN, the limit memory_limit writes: a limit equal
+        to the estimate was OOM-killed on the local cluster's node, the estimate being under the peak."""
+        exact = memory_limit(self.TOO_BIG_PEAK)
         assert plan(raw_spec(**self.TOO_BIG, resources={"limits": {"cpu": "2", "memory": exact}})).memory.fits
-        one_less = f"{self.TOO_BIG_PEAK - 1}"
-        refused = refusal(raw_spec(**self.TOO_BIG, resources={"limits": {"cpu": "2", "memory": one_less}}))
-        assert refused.condition == "MemoryFit"
+        for short in (parse_quantity(exact) - 1, self.TOO_BIG_PEAK):
+            refused = refusal(raw_spec(**self.TOO_BIG, resources={"limits": {"cpu": "2", "memory": f"{short}"}}))
+            assert refused.condition == "MemoryFit"
+            assert f"or at least {exact} of memory" in refused.message
 
     def test_refused_with_the_arithmetic(self) -> None:
         refused = refusal(raw_spec(**self.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "1Gi"}}))
@@ -300,19 +303,20 @@ class TestMemoryFit:
             f"{format_bytes(in_flight)} in-flight requests",
         ]
         assert (
-            f"peak estimate {' + '.join(terms)} = {format_bytes(self.TOO_BIG_PEAK)} "
-            f"against 1Gi of memory (resources.limits.memory) ({CONTAINER_RUNTIME.assumed}). Fix: "
+            f"peak estimate {' + '.join(terms)} = {format_bytes(self.TOO_BIG_PEAK)}, x {MEMORY_MARGIN} margin = "
+            f"{format_bytes(parse_quantity(memory_limit(self.TOO_BIG_PEAK)))} against 1Gi of memory "
+            f"(resources.limits.memory) ({CONTAINER_RUNTIME.assumed}). Fix: "
         ) in refused.message
 
     # Refused specs and the fixes each must be offered; every fix must pass on its own.
     REFUSED: ClassVar[list[Any]] = [
         pytest.param(
-            raw_spec(**TOO_BIG, resources={"limits": {"cpu": "2", "memory": "1Gi"}}),
+            raw_spec(**TOO_BIG, resources={"limits": {"cpu": "2", "memory": "1310Mi"}}),
             ["maxBatchSize", "memory"],  # 1 instance at batch 32 is still too big
             id="batch or memory",
         ),
         pytest.param(
-            raw_spec(**TOO_BIG, resources={"limits": {"cpu": "2", "memory": "1536Mi"}}),
+            raw_spec(**TOO_BIG, resources={"limits": {"cpu": "2", "memory": "1966Mi"}}),
             ["maxBatchSize", "instances", "memory"],
             id="batch, instances or memory",
         ),
@@ -352,7 +356,7 @@ class TestMemoryFit:
                 capacity=8.0,
                 instances=4,
                 batching={"maxBatchSize": 16},
-                resources={"limits": {"cpu": "4", "memory": "2Gi"}},
+                resources={"limits": {"cpu": "4", "memory": "2621Mi"}},
             ),
             ["maxBatchSize", "instances", "memory"],
             id="images, queue from the capacity",
@@ -366,7 +370,7 @@ class TestMemoryFit:
             image_spec(
                 instances=2,
                 batching={"maxBatchSize": 32, "maxQueueSize": 256},
-                resources={"limits": {"cpu": "2", "memory": "2Gi"}},
+                resources={"limits": {"cpu": "2", "memory": "2621Mi"}},
             ),
             ["maxBatchSize", "instances", "memory"],
             id="images, queue from the spec",
@@ -479,7 +483,7 @@ class TestRuntimeOverhead:
     @pytest.mark.parametrize(
         ("resources", "gpu", "runtime"),
         [
-            ({"limits": {"cpu": "2", "memory": "4Gi"}}, None, CONTAINER_RUNTIME),
+            ({"limits": {"cpu": "2", "memory": "5Gi"}}, None, CONTAINER_RUNTIME),
             ({"limits": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": 1}}, {"memory": "16Gi"}, GPU_RUNTIME),
         ],
         ids=["cpu", "gpu"],
@@ -525,7 +529,7 @@ class TestRuntimeOverhead:
         assert own.memory.estimate.baseline == 100 * MI
 
     def test_a_measured_overhead_lets_a_spec_fit(self) -> None:
-        raw = raw_spec(**TestMemoryFit.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "1536Mi"}})
+        raw = raw_spec(**TestMemoryFit.TOO_BIG, resources={"limits": {"cpu": "2", "memory": "1966Mi"}})
         assert refusal(raw).condition == "MemoryFit"  # with the default 512Mi for the runtime
         assert plan({**raw, "runtime": {"memoryOverhead": "128Mi"}}).memory.fits
 
@@ -655,7 +659,7 @@ class TestExamples:
             queue=2 * 4 * 64,
             input_bytes=IMAGE_INPUT_BYTES,
         )
-        assert f"= {format_bytes(peak)} against 3Gi of memory" in refused.message
+        assert f"= {format_bytes(peak)}, x {MEMORY_MARGIN} margin = " in refused.message
         assert [field for field, _ in suggested_fixes(refused.message)] == ["maxBatchSize", "instances", "memory"]
         assert ("instances", "1") in suggested_fixes(refused.message)
 

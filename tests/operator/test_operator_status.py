@@ -8,11 +8,11 @@ import pytest
 
 from inferop_core.memory import CONTAINER_RUNTIME
 from inferop_core.objectstore import ADVICE
-from inferop_core.quantity import format_bytes
+from inferop_core.quantity import format_bytes, parse_quantity
 from inferop_operator.builders import Service, build_deployment
 from inferop_operator.diagnosis import FETCH_FIELDS, candidate_failure, pod_facts
 from inferop_operator.kubeapi import ApiFailure
-from inferop_operator.plan import plan_service
+from inferop_operator.plan import MEMORY_MARGIN, memory_limit, plan_service
 from inferop_operator.spec import parse_spec
 from inferop_operator.status import (
     CONDITION_TYPES,
@@ -260,8 +260,10 @@ class TestDeployedStatus:
         assert (conditions["MemoryFit"]["status"], conditions["MemoryFit"]["reason"]) == ("True", "Fits")
         message = conditions["MemoryFit"]["message"]
         assert message.startswith(f"peak estimate {format_bytes(CONTAINER_RUNTIME.baseline_bytes)} runtime + ")
+        limit = format_bytes(parse_quantity(memory_limit(peak())))
         assert message.endswith(
-            f"= {format_bytes(peak())} against 1Gi of memory (resources.limits.memory) ({CONTAINER_RUNTIME.assumed})"
+            f"= {format_bytes(peak())}, x {MEMORY_MARGIN} margin = {limit} against 1Gi of memory "
+            f"(resources.limits.memory) ({CONTAINER_RUNTIME.assumed})"
         )
 
     def test_memory_not_checked_is_unknown(self) -> None:

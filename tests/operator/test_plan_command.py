@@ -65,7 +65,7 @@ def test_the_json_is_the_status_the_operator_writes_with_the_arithmetic_beside_i
     ("example", "condition", "fix"),
     [
         ("oversubscribed.yaml", "ThreadBudget", "lower instances to 1"),
-        ("out-of-memory.yaml", "MemoryFit", "batching.maxBatchSize <= 20"),
+        ("out-of-memory.yaml", "MemoryFit", "batching.maxBatchSize <= 12"),
     ],
 )
 def test_a_refused_example_exits_1_with_its_fixes(
