@@ -103,19 +103,25 @@ def test_the_pods_own_figures_match_what_its_callers_got(model_repo: ExportedRep
     from inferop import bench
     from inferop.openloop import run_open_loop
     from inferop.serving.tritonserver import TritonServer, free_port
-    from inferop_devtools.field.work import snapshot, work_between
+    from inferop_devtools.field.work import Snapshot, snapshot, work_between
 
     serving = served_copy(
         model_repo, "conv_net", tmp_path / "repo", max_batch_size=8, max_queue_size=8, instances=1, intra_op_threads=1
     )
     board = np.zeros((1, *serving.inputs[0].dims), dtype=np.float32)
     with TritonServer(tmp_path / "repo", http_port=free_port(), limits=PodLimits(cpus=0.25)) as server:
-        before = snapshot(server, "conv_net")
+        assert server.cgroup is not None and server.process is not None
+
+        def now() -> Snapshot:
+            assert server.cgroup is not None and server.process is not None
+            return snapshot(server.url, "conv_net", server.cgroup.pids(), server.process.pid)
+
+        before = now()
         closed = bench.sweep(server.url, "conv_net", [16], 5.0, batch=1)[0]
-        calm = work_between(before, snapshot(server, "conv_net"), 8, 1)
-        before = snapshot(server, "conv_net")
+        calm = work_between(before, now(), 8, 1)
+        before = now()
         flood = run_open_loop(server.url, "conv_net", board, 1000.0, 5.0, timeout=10.0)
-        flooded = work_between(before, snapshot(server, "conv_net"), 8, 1)
+        flooded = work_between(before, now(), 8, 1)
     assert (calm.computed, flooded.computed) == (closed.requests, flood.ok), (calm, flooded)
     assert flood.rejected > 0, "not overloaded"
     assert calm.full_batch_share is not None and calm.full_batch_share > 0.5, calm

@@ -82,7 +82,7 @@ def until(condition: Callable[[], bool], what: str) -> None:
 
 
 def test_a_full_pod_gets_no_more_and_the_rest_is_refused_at_once(pod: Pod) -> None:
-    with StandaloneEnvoy(pod.port, HELD) as envoy, ThreadPoolExecutor(HELD) as pool:
+    with StandaloneEnvoy(f"127.0.0.1:{pod.port}", HELD) as envoy, ThreadPoolExecutor(HELD) as pool:
         # Together, from cold: every one needs a new connection, and none is refused for it.
         admitted = [pool.submit(post, envoy.url) for _ in range(HELD)]
         until(lambda: pod.held == HELD, f"the pod to hold {HELD}")

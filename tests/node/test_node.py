@@ -42,6 +42,7 @@ from inferop_devtools.cluster.node import (
     holder_command,
     kubelet_config,
     network_commands,
+    probe_runs,
     start_with_node,
 )
 from tests.helpers import ExportedRepo, serving, wait_for
@@ -427,13 +428,7 @@ def test_a_stalled_model_is_restarted_by_the_kubelet_running_the_rendered_probe(
 
 def liveness_probes(kube: Cluster, pod: str) -> Counter[str]:
     """How many times the kubelet has run `pod`'s liveness probe, by result, from its own probe metrics."""
-    text = kube.run("get", "--raw", f"/api/v1/nodes/{NODE_NAME}/proxy/metrics/probes")
-    runs: Counter[str] = Counter()
-    for line in text.splitlines():
-        if line.startswith("prober_probe_total{") and 'probe_type="Liveness"' in line and f'pod="{pod}"' in line:
-            result = re.search(r'result="(\w+)"', line)
-            runs[result.group(1) if result else "?"] += int(float(line.rsplit(" ", 1)[1]))
-    return runs
+    return probe_runs(kube.run("get", "--raw", f"/api/v1/nodes/{NODE_NAME}/proxy/metrics/probes"), pod)
 
 
 @pytest.mark.integration

@@ -24,9 +24,11 @@ import hashlib
 import ipaddress
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -480,6 +482,17 @@ NODE_EXTENSIONS = "node-extensions.cnf"
 
 
 # --------------------------------------------------------------------------------------------- processes
+
+
+def probe_runs(metrics: str, pod: str, probe_type: str = "Liveness") -> Counter[str]:
+    """How many times the kubelet has run `pod`'s probes of `probe_type`, by result, from its probe metrics (the
+    text of /metrics/probes)."""
+    runs: Counter[str] = Counter()
+    for line in metrics.splitlines():
+        if line.startswith("prober_probe_total{") and f'probe_type="{probe_type}"' in line and f'pod="{pod}"' in line:
+            result = re.search(r'result="(\w+)"', line)
+            runs[result.group(1) if result else "?"] += int(float(line.rsplit(" ", 1)[1]))
+    return runs
 
 
 def cgroup_hierarchies(unified: bool = False) -> list[Path]:

@@ -1,9 +1,10 @@
 """`make field`: the four field failures reproduced under a pod's real limits, naive against inferop, in one run.
 
-Each drill starts the real tritonserver inside a cgroup (CPU quota, cpuset, memory limit: what the kubelet
-sets for a pod) on the last CPU, and drives it from the other CPUs. The naive deployment is what a user
-writes by hand with Triton's and ONNX Runtime's defaults; inferop's is what the operator renders for the
-same model and limits. Writes out/field/report.md, one JSON per drill and PNG plots.
+Each drill runs its pods on the local cluster's real node (containerd, runc and the kubelet, which writes each pod's
+CPU quota and memory limit into its cgroups), holds them to the last CPU, and drives them from the other CPUs in the
+node's network. The naive deployment is what a user writes by hand with Triton's and ONNX Runtime's defaults;
+inferop's is what the operator renders for the same model and limits. Writes out/field/report.md, one JSON per
+drill and PNG plots.
 
     python scripts/field.py [--drills threads,overload,memory,hang] [--calibrate]
 """
@@ -23,7 +24,7 @@ from inferop_devtools.choices import add_subset_option
 from inferop_devtools.field.hang import drill_hang
 from inferop_devtools.field.memory import calibrate, drill_memory, measured_points
 from inferop_devtools.field.overload import drill_overload
-from inferop_devtools.field.pods import NETWORKS, OUT, ROOT, Machine, planned, pod, pod_spec
+from inferop_devtools.field.pods import OUT, ROOT, Machine
 from inferop_devtools.field.report import plot_drill, report
 from inferop_devtools.field.threads import drill_threads
 
@@ -49,11 +50,6 @@ def main() -> int:
         return 1
     machine = Machine.split()
     OUT.mkdir(parents=True, exist_ok=True)
-    # Warm the page cache: file pages are charged to the first cgroup that reads them, which would be
-    # whichever drill came first; a node that runs the image already has them.
-    for network in NETWORKS:
-        with pod(planned(pod_spec(network, cpus=1)), machine.limits(cpus=None)):
-            pass
     started = time.monotonic()
     results: dict[str, Any] = {}
     for name in chosen:

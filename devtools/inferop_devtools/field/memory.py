@@ -8,24 +8,29 @@ wider than the widest fitted. Every point is served at the queue bound the opera
 saturated. The memory limit is the estimate x plan.MEMORY_MARGIN, the margin the fit set needs for its limits to
 cover its peaks; the goal is that it covers the held-out peaks too, without being so large as to be useless. The
 drill also fits the constants again on this run's fit set and shows what they predict for the held-out set.
+
+Every pod runs on the local cluster's real node: each point is the operator's pod for its InferenceService, its peak
+read from the memory cgroup the kubelet made for the Triton container; the OOM demonstration's renderings are
+Deployments of the same image with the operator's environment, under the memory limit the kubelet writes.
 """
 
 from __future__ import annotations
 
 import math
+import subprocess
 import time
 from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
-from inferop.serving.tritonserver import ServerError, TritonServer
 from inferop_core.memory import LOCAL_RUNTIME, ModelCosts, RuntimeCosts, ServingShape, estimate_memory, in_flight
 from inferop_core.quantity import format_bytes, parse_quantity
 from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING
 from inferop_core.tritonconfig import ServingConfig
-from inferop_devtools.field.pods import NETWORKS, ROOT, Machine, MiB, open_loop, planned, pod, pod_spec, wait_out
-from inferop_operator.plan import MEMORY_MARGIN, Refusal, memory_limit, model_costs, plan_service
+from inferop_devtools.field.node import FieldNode, PodWatch, inference_service, triton_deployment
+from inferop_devtools.field.pods import NETWORKS, ROOT, Machine, MiB, planned, pod_spec, rendered
+from inferop_operator.plan import MEMORY_MARGIN, Refusal, memory_limit, model_costs, needed_limit_bytes, plan_service
 from inferop_operator.spec import InferenceServiceSpec, parse_spec
 
 Point = tuple[str, int, int]  # network, instances, maxBatchSize
@@ -48,33 +53,38 @@ GENERATOR_RATE = 1500.0
 # 1.57x, on the held-out ranker idle, whose estimate is 23% over its peak, with the margin that the conv net's
 # 2 instances at batch 8 need (an estimate 22% under its peak).
 LIMIT_OVER_PEAK_BOUND = 1.6
+# The memory limit of the pods whose peaks are measured: above any of them, so that nothing is constrained.
+UNCONSTRAINED = 8 * 2**30
+WHERE = "the local cluster's node: containerd, runc and the kubelet; peaks from the Triton container's memory cgroup"
 
 
-def saturate(server: TritonServer, serving: ServingConfig, spec: InferenceServiceSpec, machine: Machine) -> bool:
+def saturate(watch: PodWatch, serving: ServingConfig, spec: InferenceServiceSpec, machine: Machine) -> bool:
     """Fill the queue: open-loop arrivals at three times the capacity (capped at what the generator sends).
     Returns whether it filled: a full queue rejects."""
     per_cpu = spec.model.profile.samples_per_cpu_second
     assert per_cpu is not None, "inferop export measures the capacity into the profile"
     capacity = per_cpu * serving.instances
     rate = min(3 * capacity, GENERATOR_RATE)
-    result, _ = open_loop(server, serving, rate, 8.0, spec.timeouts.request_seconds * 1.1, machine)
+    result, _ = watch.open_loop(serving, rate, 8.0, spec.timeouts.request_seconds * 1.1, machine)
     return result.rejected > 0
 
 
-def measure(point: Point, machine: Machine) -> list[dict[str, Any]]:
-    """The pod's peak idle (models loaded and warm) and saturated (its queue full), with the estimate of each."""
+def measure(point: Point, node: FieldNode) -> list[dict[str, Any]]:
+    """The peak of the operator's pod for the point, idle (models loaded and warm) and saturated (its queue full),
+    in the container's memory cgroup, with the estimate of each."""
     network, instances, batch = point
-    raw = pod_spec(network, instances, changes={"instances": instances, "batching.maxBatchSize": batch})
+    changes = {"instances": instances, "batching.maxBatchSize": batch}
+    raw = pod_spec(network, instances, memory=UNCONSTRAINED, changes=changes)
     spec = parse_spec(raw)
     serving = planned(raw)
     shape = ServingShape(instances, batch, serving.max_queue_size)
     costs = model_costs(spec)
-    with pod(serving, machine.limits(cpus=None)) as server:
-        assert server.cgroup is not None
+    name = f"memory-{network}-x{instances}-b{batch}".replace("_", "-")
+    with node.serving(inference_service(name, raw)) as watch:
         time.sleep(1.0)
-        idle = server.cgroup.memory_peak()
-        filled = saturate(server, serving, spec, machine)
-        busy = server.cgroup.memory_peak()
+        idle = watch.usage()["memory_peak_bytes"]
+        filled = saturate(watch, serving, spec, node.machine)
+        busy = watch.usage()["memory_peak_bytes"]
     rows = []
     for state, measured in (("idle", idle), ("saturated", busy)):
         estimate = estimate_memory(costs, shape, LOCAL_RUNTIME, saturated=state == "saturated")
@@ -136,9 +146,14 @@ def limit_over_peak(row: dict[str, Any]) -> float:
 def drill_memory(machine: Machine) -> dict[str, Any]:
     """Field reports 001 and 003: the memory model against the measured peak, fitted and held out, and the OOM
     it prevents."""
-    fitted = [row for point in FIT_SET for row in measure(point, machine)]
-    held_out = [row for point in HELD_OUT for row in measure(point, machine)]
-    return {**summarise(fitted, held_out), "oom": oom_demonstration(machine)}
+    with FieldNode.up(machine, "memory") as node:
+        for network in NETWORKS:  # the image's and the model's files paged in, as on a node that runs them
+            with node.serving(inference_service(f"warm-{network}".replace("_", "-"), pod_spec(network, cpus=1))):
+                pass
+        fitted = [row for point in FIT_SET for row in measure(point, node)]
+        held_out = [row for point in HELD_OUT for row in measure(point, node)]
+        oom = oom_demonstration(node)
+    return {"where": WHERE, **summarise(fitted, held_out), "oom": oom}
 
 
 def summarise(fitted: list[dict[str, Any]], held_out: list[dict[str, Any]]) -> dict[str, Any]:
@@ -174,12 +189,13 @@ def summarise(fitted: list[dict[str, Any]], held_out: list[dict[str, Any]]) -> d
     }
 
 
-def oom_demonstration(machine: Machine) -> dict[str, Any]:
+def oom_demonstration(node: FieldNode) -> dict[str, Any]:
     """A limit the old estimate approved is OOM-killed at saturation; the new model refuses it first, and the size
     it recommends survives the same load. Between the two, one thing changes per run (the limit, the queue bound,
     ONNX Runtime's memory pattern), under the same scheduling policy, so each is seen to matter on its own."""
     network = "inception_v3"
-    base = parse_spec(pod_spec(network, cpus=1))
+    raw = pod_spec(network, cpus=1)
+    base = parse_spec(raw)
     profile, batch = base.model.profile, base.batching.max_batch_size
     old_estimate = profile.weight_bytes + profile.activation_bytes_per_sample * batch
     old_limit = math.ceil(2 * old_estimate / MiB) * MiB  # twice the old estimate: a generous user's margin
@@ -188,8 +204,8 @@ def oom_demonstration(machine: Machine) -> dict[str, Any]:
         refusal, recommended = "accepted", old_limit
     except Refusal as refused:
         refusal = refused.message
-        recommended = plan_service(base, LOCAL_RUNTIME).memory.required_bytes
-    ours = planned(pod_spec(network, cpus=1))
+        recommended = needed_limit_bytes(plan_service(base, LOCAL_RUNTIME).memory.required_bytes)
+    ours = planned(raw)
     derived, old_queue = ours.max_queue_size, 64  # 64: the fixed bound before it was derived
     # From the old deployment to inferop's, one change per run; then inferop's with each change undone alone.
     steps = (
@@ -202,33 +218,42 @@ def oom_demonstration(machine: Machine) -> dict[str, Any]:
     )
     runs = [
         run_saturated(
-            ours.model_copy(update={"max_queue_size": queue, "memory_pattern": pattern}), limit, label, base, machine
+            ours.model_copy(update={"max_queue_size": queue, "memory_pattern": pattern}), limit, label, raw, node, step
         )
-        for label, limit, queue, pattern in steps
+        for step, (label, limit, queue, pattern) in enumerate(steps)
     ]
     return {"old_estimate": old_estimate, "old_limit": old_limit, "refusal": refusal, "runs": runs}
 
 
 def run_saturated(
-    serving: ServingConfig, limit: int, limit_label: str, spec: InferenceServiceSpec, machine: Machine
+    serving: ServingConfig, limit: int, limit_label: str, raw: dict[str, Any], node: FieldNode, step: int
 ) -> dict[str, Any]:
-    limits = machine.limits(cpus=1, memory_bytes=limit)
+    """`serving` as a Deployment of the node's Triton image with the operator's environment and scheduling policy at
+    a memory limit of `limit`, saturated: whether the kernel's OOM killer took any of its processes."""
     row: dict[str, Any] = {
         "limit": limit,
         "limit_label": limit_label,
         "queue_bound": serving.max_queue_size,
         "memory_pattern": serving.memory_pattern,
     }
+    limits = {"cpu": "1", "memory": f"{math.ceil(limit / MiB)}Mi"}
+    name = f"memory-oom-{step}"
+    deployment = triton_deployment(
+        name, node.triton_image, node.repo(name, serving), limits, DEFAULT_CPU_SCHEDULING, rendered(raw).env
+    )
     try:
-        with pod(serving, limits, cpu_scheduling=DEFAULT_CPU_SCHEDULING) as server:
-            saturate(server, serving, spec, machine)
-            alive = wait_out(server, 1.0)
-            assert server.cgroup is not None
-            usage = dict(server.cgroup.usage())
-        # On cgroup v1 the OOM killer takes the largest process (a model's stub), not the whole pod.
-        row |= {"survived": alive and usage["oom_kills"] == 0, "usage": usage}
-    except ServerError as error:  # killed while loading: the limit is below even the idle footprint
-        row |= {"survived": False, "error": str(error)[:400]}
+        with node.serving(deployment, ready_seconds=180) as watch:
+            saturate(watch, serving, parse_spec(raw), node.machine)
+            time.sleep(1.0)  # an OOM kill may come late
+            usage = watch.usage()
+            container = watch.stop()
+        # On cgroup v1 the OOM killer takes the largest process (a model's stub), not the whole container; a kill of
+        # the server itself restarts the container.
+        restarted = container["restartCount"] > 0
+        last = container.get("lastState", {}).get("terminated", {}).get("reason")
+        row |= {"survived": not restarted and usage["oom_kills"] == 0, "usage": usage, "restarted": last}
+    except subprocess.CalledProcessError as error:  # never Ready: killed while loading, below the idle footprint
+        row |= {"survived": False, "error": "never Ready: " + " ".join(error.__notes__ or [])[-400:]}
     print(
         f"  memory/oom: limit {format_bytes(limit)} ({limit_label}), queue {serving.max_queue_size}, memory pattern "
         f"{'on' if serving.memory_pattern else 'off'}: survived {row['survived']}"

@@ -8,19 +8,24 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferop.limits import oom_kills_from
+from inferop.openloop import OpenLoopResult, run_open_loop
 from inferop_core.scheduling import CpuScheduling
 from inferop_core.tritonconfig import ServingConfig, render_model_config
-from inferop_devtools.cluster.node import NodeSite, cgroup_hierarchies
+from inferop_devtools.cluster.node import NODE_NAME, NodeSite, cgroup_hierarchies, probe_runs
 from inferop_devtools.drills.harness import DrillCluster, operator_running, wait_until
-from inferop_devtools.field.pods import OUT, REPO, Machine
+from inferop_devtools.field.pods import OUT, REPO, Machine, one_request
+from inferop_devtools.field.work import Snapshot, snapshot
 from inferop_operator.identity import API_VERSION, INSTANCE, KIND
 
 NAMESPACE = "default"
@@ -123,6 +128,11 @@ class PodWatch:
     gone_at: float | None = None
     ready_again_at: float | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
+    _cgroups: dict[str, Path] = field(default_factory=dict)
+    _memory: int = 0
+    _memory_peak: int = 0  # the highest memory_current() since reset_peak()
+    _usage: dict[str, int] = field(default_factory=dict)
+    _kill_counted: bool = False
 
     def read(self) -> dict[str, Any]:
         (pod,) = json.loads(
@@ -137,6 +147,11 @@ class PodWatch:
     @property
     def address(self) -> str:
         return str(self.pod["status"]["podIP"])
+
+    @property
+    def url(self) -> str:
+        """Triton's HTTP endpoint in the pod."""
+        return f"{self.address}:8000"
 
     def path(self, inside: str) -> Path:
         """`inside` (an absolute path in the container) as this machine reaches it, through the server process."""
@@ -175,20 +190,89 @@ class PodWatch:
             "-o", "json").stdout)["items"]  # fmt: skip
         return [{"reason": e["reason"], "count": e.get("count", 1), "message": e["message"][:300]} for e in found]
 
+    def work(self, model: str) -> Snapshot:
+        """Triton's execution statistics of `model` and the CPU time of the container's processes, now."""
+        pids = self.site.container_pids(self.pod["metadata"]["uid"], self.container()["containerID"])
+        assert self.server_pid is not None, "started"
+        return snapshot(self.url, model, pids, self.server_pid)
+
+    def alive(self) -> bool:
+        """Whether the server process the watch started with still runs: no restart, no kill."""
+        return self.gone_at is None and Path(f"/proc/{self.server_pid}").exists()
+
+    def liveness_runs(self) -> Counter[str]:
+        """The kubelet's runs of the pod's liveness probe so far, by result, from its probe metrics."""
+        metrics = self.cluster.kubectl("get", "--raw", f"/api/v1/nodes/{NODE_NAME}/proxy/metrics/probes").stdout
+        return probe_runs(metrics, self.pod["metadata"]["name"])
+
+    def cgroups(self) -> dict[str, Path]:
+        """The cgroups the kubelet made for the container the watch started with, by v1 hierarchy (cpu, cpuacct,
+        memory); found once, as the memory probe reads them during a run."""
+        if not self._cgroups:
+            uid, container_id = self.pod["metadata"]["uid"], self.container()["containerID"].split("://")[-1]
+            for hierarchy in cgroup_hierarchies():
+                for cgroup in (hierarchy / self.site.cgroup_root).glob(f"kubepods/**/pod{uid}/{container_id}"):
+                    self._cgroups[hierarchy.name] = cgroup
+        return self._cgroups
+
+    def memory_current(self) -> int:
+        """Bytes charged to the container now; after it has gone (a kill of the server), the last figure read."""
+        with contextlib.suppress(OSError):
+            self._memory = int((self.cgroups()["memory"] / "memory.usage_in_bytes").read_text())
+            self._memory_peak = max(self._memory_peak, self._memory)
+        return self._memory
+
+    def reset_peak(self) -> None:
+        """Measure the container's memory peak afresh from now on."""
+        (self.cgroups()["memory"] / "memory.max_usage_in_bytes").write_text("0")
+        self._memory_peak = 0
+
     def usage(self) -> dict[str, int]:
-        """The container's CPU time and throttled time (ns) and its memory peak (bytes) so far, from the cgroups
-        the kubelet made for it."""
-        uid, container_id = self.pod["metadata"]["uid"], self.container()["containerID"].split("://")[-1]
-        found = {}
-        for hierarchy in cgroup_hierarchies():
-            for cgroup in (hierarchy / self.site.cgroup_root).glob(f"kubepods/**/pod{uid}/{container_id}"):
-                found[hierarchy.name] = cgroup
-        stat = dict(line.split() for line in (found["cpu"] / "cpu.stat").read_text().splitlines())
-        return {
-            "cpu_ns": int((found["cpuacct"] / "cpuacct.usage").read_text()),
-            "throttled_ns": int(stat["throttled_time"]),
-            "memory_peak_bytes": int((found["memory"] / "memory.max_usage_in_bytes").read_text()),
-        }
+        """The container's CPU time and throttled time (ns), its memory peak (bytes) and the processes the kernel's
+        OOM killer took in it, so far, from the cgroups the kubelet made for it. Once the container is gone, what
+        was last read (the peak at least the highest memory sampled), with the kill of the server that the kubelet saw
+        (OOMKilled) counted."""
+        found = self.cgroups()
+        self._usage = {"cpu_ns": 0, "throttled_ns": 0, "oom_kills": 0, **self._usage}
+        self._usage["memory_peak_bytes"] = max(self._usage.get("memory_peak_bytes", 0), self._memory_peak)
+        try:
+            stat = dict(line.split() for line in (found["cpu"] / "cpu.stat").read_text().splitlines())
+            self._usage = {
+                "cpu_ns": int((found["cpuacct"] / "cpuacct.usage").read_text()),
+                "throttled_ns": int(stat["throttled_time"]),
+                "memory_peak_bytes": int((found["memory"] / "memory.max_usage_in_bytes").read_text()),
+                "oom_kills": oom_kills_from((found["memory"] / "memory.oom_control").read_text()),
+            }
+        except (OSError, KeyError):  # its cgroups removed, or never found
+            killed = self.container(self.read()).get("lastState", {}).get("terminated", {}).get("reason")
+            if killed == "OOMKilled" and not self._kill_counted:
+                self._usage["oom_kills"] += 1
+                self._kill_counted = True
+        return dict(self._usage)
+
+    def open_loop(
+        self,
+        serving: ServingConfig,
+        rate: float,
+        seconds: float,
+        timeout: float | None,
+        machine: Machine,
+        url: str | None = None,
+    ) -> tuple[OpenLoopResult, dict[str, int]]:
+        """Open-loop arrivals at the pod's address, or through `url` (a gateway in front of it), from the callers'
+        CPU, with the container's memory sampled; returns the result and the container's usage."""
+        result = run_open_loop(
+            url or self.url,
+            serving.name,
+            one_request(serving),
+            rate,
+            seconds,
+            timeout=timeout,
+            memory_probe=self.memory_current,
+            client_cpus=machine.client_cpus,
+            drain=5.0,
+        )
+        return result, self.usage()
 
 
 @dataclass
@@ -220,12 +304,21 @@ class FieldNode:
         assert self.cluster.node is not None
         return self.cluster.node.images()["triton"]
 
+    def why_not_ready(self, selector: str) -> str:
+        """What the kubelet says of the pods of `selector`, and the last words of their Triton container."""
+        described = self.cluster.kubectl("describe", "pods", "-n", NAMESPACE, "-l", selector, check=False).stdout
+        logs = ("logs", "-n", NAMESPACE, "-l", selector, "-c", "triton", "--tail=80")
+        said = self.cluster.kubectl(*logs, "--previous", check=False).stdout
+        said = said or self.cluster.kubectl(*logs, check=False).stdout
+        return f"the pod as the kubelet sees it:\n{described[-3000:]}\nits Triton container said:\n{said[-8000:]}"
+
     def repo(self, name: str, serving: ServingConfig) -> Path:
         return model_repo(serving, self.work / name)
 
     @contextlib.contextmanager
-    def serving(self, manifest: dict[str, Any]) -> Iterator[PodWatch]:
-        """`manifest` applied and its pod Ready, held to the server's CPU, watched; deleted afterwards."""
+    def serving(self, manifest: dict[str, Any], ready_seconds: int = 300) -> Iterator[PodWatch]:
+        """`manifest` applied and its pod Ready within `ready_seconds` (else CalledProcessError), held to the server's
+        CPU, watched; deleted afterwards."""
         cluster, selector = self.cluster, selector_of(manifest)
         kind = "deployment" if manifest["kind"] == "Deployment" else "infsvc"
         name = manifest["metadata"]["name"]
@@ -233,7 +326,12 @@ class FieldNode:
         try:
             pods = ("get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "name")
             wait_until(lambda: cluster.kubectl(*pods).stdout.strip(), 120, f"a pod of {name}")
-            cluster.kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", "pod", "-l", selector, "--timeout=300s")
+            try:
+                cluster.kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", "pod", "-l", selector,
+                               f"--timeout={ready_seconds}s")  # fmt: skip
+            except subprocess.CalledProcessError as never:
+                never.add_note(self.why_not_ready(selector))
+                raise
             site = NodeSite.of(cluster.plane.layout.root)
             watch = PodWatch(cluster, selector, site).start()
             if not site.pin_pod(watch.pod["metadata"]["uid"], ",".join(map(str, sorted(self.machine.server_cpus)))):

@@ -1,54 +1,53 @@
-"""Drill b, field report 001: Inception V3 at 2x and 4x its capacity, naive against inferop, at two CPU quotas.
+"""Drill b, field report 001: Inception V3 at 2x and 4x its capacity, naive against inferop, at two CPU quotas, on
+the local cluster's real node.
 
 The queue bound is derived from the pod's capacity (inferop_core.capacity): its share of export's figure was fitted on
-one CPU. The drill repeats at half a CPU, a slower machine emulated with the kernel's own CFS quota, where nothing
-was fitted. At each quota: the callers the pod answers within half the timeout are admitted (closed-loop callers,
-at most 2% of their calls rejected), and open-loop overload beyond them meets the drill's goals, with the
-operator's liveness probe run as a kubelet would (a heavy load must not read as a stall).
+one CPU. The drill repeats at half a CPU, a slower machine emulated with the CFS quota the kubelet writes for a limit
+of 500m, where nothing was fitted. At each quota: the callers the pod answers within half the timeout are admitted
+(closed-loop callers, at most 2% of their calls rejected), and open-loop overload beyond them meets the drill's goals,
+with the kubelet running the operator's liveness probe (a heavy load must not read as a stall).
 
-inferop's callers reach the pod through Envoy, with the circuit breaker the operator's BackendTrafficPolicy gives
-Envoy Gateway (gateway/standalone.py): what the pod would reject is refused before its body reaches it. Envoy runs
-on the callers' CPU, as a gateway runs on other machines than the pods. The naive deployment is called directly.
+inferop's pod is the operator's for the InferenceService, its memory limit the least the operator accepts (the
+estimate with the margin, the local image's measured baseline in runtime.memoryOverhead), and its callers reach it
+through Envoy, with the circuit breaker the operator's BackendTrafficPolicy gives Envoy Gateway
+(gateway/standalone.py): what the pod would reject is refused before its body reaches it. Envoy runs on the callers'
+CPU, as a gateway runs on other machines than the pods. The same pod called directly, without the gateway, is the
+ablation: admission removed, everything else equal, at 1 CPU. The naive deployment is a Deployment of the same image
+with Triton's and ONNX Runtime's defaults, called directly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from inferop.limits import CFS_PERIOD_US, PodLimits
+from inferop.limits import CFS_PERIOD_US
 from inferop.openloop import OpenLoopResult
 from inferop.openloop import plot as plot_open_loop
-from inferop.serving.tritonserver import TritonServer
 from inferop_core.capacity import SERVED_SHARE_OF_CAPACITY, WAIT_SHARE_OF_TIMEOUT, gateway_admission
 from inferop_core.memory import LOCAL_RUNTIME
-from inferop_core.quantity import format_bytes, parse_quantity
-from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
+from inferop_core.quantity import format_bytes
+from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING
 from inferop_core.tritonconfig import ServingConfig
-from inferop_devtools.field.kubelet import LivenessProber
+from inferop_devtools.field.node import FieldNode, PodWatch, inference_service, triton_deployment
 from inferop_devtools.field.pods import (
     NAIVE_SCHEDULING,
     OUT,
     Machine,
-    Rendered,
     at_most,
     closed_loop,
     describe,
     naive,
-    open_loop,
     planned,
-    pod,
     pod_spec,
-    rendered,
-    wait_out,
 )
-from inferop_devtools.field.work import Work, snapshot, work_between
+from inferop_devtools.field.work import Work, work_between
 from inferop_devtools.gateway.standalone import StandaloneEnvoy
-from inferop_operator.plan import memory_limit, plan_service
+from inferop_operator.plan import needed_limit_bytes, plan_service
 from inferop_operator.spec import parse_spec
 
 NETWORK = "inception_v3"
@@ -70,15 +69,26 @@ GOODPUT_SHARE = 0.9
 # Points of the pod's CPU its model may lose during the arrivals against a closed-loop window: overload that reaches
 # the pod is read and rejected there, by tritonserver's threads, out of the model's quota. On that Xeon the share
 # moved by at most 0.1 point in the drill's runs through the gateway, and fell by 1.8 and 2.9 points with the gateway
-# removed (`python -m inferop_devtools.oneoff.rejection_cost`), where the goodput goal failed one window of two.
+# removed, where the goodput goal failed one window of two; the drill's ablation runs show it again.
 MODEL_CPU_SHARE_LOSS = 0.01
+INFEROP, ABLATION, NAIVE = "inferop", "inferop without the gateway", "naive"
 
 
 def drill_overload(machine: Machine, seconds: float = 60.0) -> dict[str, Any]:
     """Field report 001: Inception V3 at 2x and 4x its measured capacity, naive against inferop, per CPU quota."""
-    quotas = [measure_quota(machine, cpus, seconds if cpus >= 1 else 40.0) for cpus in QUOTAS]
+    with FieldNode.up(machine, "overload") as node:
+        quotas = [measure_quota(node, cpus, seconds if cpus >= 1 else 40.0) for cpus in QUOTAS]
     goals = [(f"{q['cpus']:g} CPU: {text}", met) for q in quotas for text, met in q["goals"]]
+    ablated = [q for q in quotas if q["ablation_goals"]]
+    goals += [
+        (
+            f"{q['cpus']:g} CPU: {ABLATION}, the same pod called directly: at least one of the goals above fails",
+            not all(met for _, met in q["ablation_goals"]),
+        )
+        for q in ablated
+    ]
     return {
+        "where": "the local cluster's node: containerd, runc and the kubelet",
         "network": NETWORK,
         "quotas": quotas,
         "fitted_quotas": list(FITTED_QUOTAS),
@@ -90,14 +100,14 @@ def drill_overload(machine: Machine, seconds: float = 60.0) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class QuotaPod:
-    """inferop's Inception pod at one CPU quota, as the operator sizes it: its memory limit from the estimate (as the
-    manifest sizes it), its serving config, the kubelet's probe and exit timeout, the cgroup limits."""
+    """inferop's Inception pod at one CPU quota, as the operator sizes it: the InferenceService's spec with its memory
+    limit from the estimate (as the manifest sizes it), and the serving config the operator renders for it."""
 
+    cpus: float
+    raw: dict[str, Any]
     timeout: float  # requestSeconds
     memory: int
     ours: ServingConfig
-    kubelet: Rendered
-    limits: PodLimits
     exported: float  # export's capacity at this quota: what the bound was derived from
 
     @property
@@ -110,44 +120,73 @@ class QuotaPod:
         assert self.ours.max_queue_size is not None, "the operator always bounds the queue"
         return gateway_admission(1, self.ours.instances, self.ours.max_batch_size, self.ours.max_queue_size)
 
-    def gateway(self, server: TritonServer, machine: Machine) -> StandaloneEnvoy:
-        return StandaloneEnvoy(server.http_port, self.admitted, machine.client_cpus)
-
     @property
     def capacity_callers(self) -> int:
         """Enough closed-loop callers that the batcher always forms full batches, as it does under overload."""
         return 2 * self.batch_round
 
+    @property
+    def limits(self) -> dict[str, str]:
+        return {key: str(value) for key, value in self.raw["resources"]["limits"].items()}
 
-def quota_pod(machine: Machine, cpus: float) -> QuotaPod:
-    unlimited = parse_spec(pod_spec(NETWORK, cpus=cpus))
-    estimate = plan_service(unlimited, LOCAL_RUNTIME).memory.required_bytes
-    memory = int(parse_quantity(memory_limit(estimate)))
-    spec = pod_spec(NETWORK, cpus=cpus, memory=memory)
+    def name(self, deployment: str, what: str) -> str:
+        """A name for one pod of `deployment` (`what` it is for), at this quota."""
+        prefix = {INFEROP: "inferop", ABLATION: "direct", NAIVE: "naive"}[deployment]
+        return f"{prefix}-{round(self.cpus * 1000)}m-{what}".replace(".", "-")
+
+    def manifest(self, node: FieldNode, deployment: str, what: str) -> dict[str, Any]:
+        """The operator's InferenceService for inferop's pod (the ablation's too); naive's, a Deployment of the image
+        by hand."""
+        name = self.name(deployment, what)
+        if deployment != NAIVE:
+            return inference_service(name, self.raw)
+        repo = node.repo(name, naive(self.ours))
+        return triton_deployment(name, node.triton_image, repo, self.limits, NAIVE_SCHEDULING)
+
+    @contextlib.contextmanager
+    def gateway(self, watch: PodWatch, machine: Machine, used: bool = True) -> Iterator[StandaloneEnvoy | None]:
+        """Envoy in front of the pod, on the callers' CPU; None where the callers go straight to the pod."""
+        if not used:
+            yield None
+            return
+        with StandaloneEnvoy(watch.url, self.admitted, machine.client_cpus) as envoy:
+            yield envoy
+
+
+def quota_pod(cpus: float) -> QuotaPod:
+    # The operator's fit counts the local image's baseline, which the memory drill measures, not NVIDIA's; the
+    # memory limit is the least it accepts: the estimate with the margin, as `inferop export` writes it.
+    local_baseline = {"runtime": {"memoryOverhead": str(LOCAL_RUNTIME.baseline_bytes)}}
+    unlimited = parse_spec(pod_spec(NETWORK, cpus=cpus, changes=local_baseline))
+    memory = needed_limit_bytes(plan_service(unlimited).memory.required_bytes)
+    raw = pod_spec(NETWORK, cpus=cpus, memory=memory, changes=local_baseline)
     per_cpu = unlimited.model.profile.samples_per_cpu_second
     assert per_cpu is not None, "inferop export measures the capacity into the profile"
     return QuotaPod(
+        cpus=cpus,
+        raw=raw,
         timeout=unlimited.timeouts.request_seconds,
         memory=memory,
-        ours=planned(spec),
-        kubelet=rendered(spec),
-        limits=machine.limits(cpus=cpus, memory_bytes=memory),
+        ours=planned(raw),
         exported=per_cpu * cpus,
     )
 
 
-def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, Any]:
-    quota = quota_pod(machine, cpus)
-    timeout, memory, ours, kubelet, limits = quota.timeout, quota.memory, quota.ours, quota.kubelet, quota.limits
+def measure_quota(node: FieldNode, cpus: float, seconds: float) -> dict[str, Any]:
+    quota = quota_pod(cpus)
+    machine, timeout, ours = node.machine, quota.timeout, quota.ours
     exported, batch_round, callers = quota.exported, quota.batch_round, quota.capacity_callers
 
-    # The capacity of this config sets the offered rates. Each inferop run measures it again on its own server just
-    # before and just after its arrivals, and compares its goodput with their mean: consecutive windows of the same
-    # server here differ by up to 15%.
-    with pod(ours, limits) as server, quota.gateway(server, machine) as gateway:
-        capacity = closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine, gateway.url).throughput
+    # The capacity of this config sets the offered rates. Each inferop run measures it again on its own pod just
+    # before and just after its arrivals: consecutive windows of the same pod here differ by up to 15%.
+    with node.serving(quota.manifest(node, INFEROP, "capacity")) as watch, quota.gateway(watch, machine) as gateway:
+        assert gateway is not None
+        capacity = closed_loop(gateway.url, NETWORK, callers, WINDOW_SECONDS, machine).throughput
         answerable = max(1, math.floor(capacity * timeout * ADMITTED_SHARE_OF_TIMEOUT))
-        admission = closed_loop(server, NETWORK, answerable, 20.0, machine, gateway.url)
+        admission = closed_loop(gateway.url, NETWORK, answerable, 20.0, machine)
+        (triton,) = (c for c in watch.pod["spec"]["containers"] if c["name"] == "triton")
+        probe = {key: value for key, value in triton["livenessProbe"].items() if key != "exec"}
+        grace = watch.pod["spec"]["terminationGracePeriodSeconds"]
     calls = admission.requests + admission.errors
     admission_row = {
         "callers": answerable,
@@ -160,26 +199,25 @@ def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, An
         "first_error": admission.first_error,
     }
     print(
-        f"  overload/{cpus:g} CPU: capacity {capacity:.2f} img/s (export's {exported:.2f}) under {limits.describe()}; "
+        f"  overload/{cpus:g} CPU: capacity {capacity:.2f} img/s (export's {exported:.2f}) under {quota.limits}; "
         f"queue bound {ours.max_queue_size}; {answerable} callers: {admission.errors} of {calls} calls rejected, "
         f"p99 {admission.p99_ms:.0f} ms"
     )
 
     runs: list[dict[str, Any]] = []
     factors: tuple[float, ...] = (1.0, 2.0, 4.0) if cpus >= 1 else (2.0, 4.0)
-    plans: list[tuple[str, ServingConfig, CpuScheduling, tuple[float, ...], float | None]] = [
-        ("inferop", ours, DEFAULT_CPU_SCHEDULING, factors, timeout * 1.1)
-    ]
+    plans: list[tuple[str, tuple[float, ...], float | None]] = [(INFEROP, factors, timeout * 1.1)]
     if cpus >= 1:
-        plans.append(("naive", naive(ours), NAIVE_SCHEDULING, (2.0, 4.0), None))
-    for label, serving, policy, levels, caller_timeout in plans:
+        plans += [(ABLATION, (2.0, 4.0), timeout * 1.1), (NAIVE, (2.0, 4.0), None)]
+    for label, levels, caller_timeout in plans:
         for factor in levels:
-            run = overloaded(label, quota, serving, policy, capacity * factor, seconds, caller_timeout, machine)
+            serving, policy = (naive(ours), NAIVE_SCHEDULING) if label == NAIVE else (ours, DEFAULT_CPU_SCHEDULING)
+            run = overloaded(label, quota, serving, capacity * factor, seconds, caller_timeout, node, f"{factor:g}x")
             result, usage, paired = run.result, run.usage, run.capacity_windows
-            probe, refused = run.liveness, run.refused_at_gateway
+            probe_runs, refused = run.liveness, run.refused_at_gateway
             around = sum(paired) / len(paired) if paired else None
             in_run, served = run.capacity_in_run, answered_rate(result)
-            plot = OUT / f"overload-{cpus:g}cpu-{label}-{factor:g}x.png"
+            plot = OUT / f"overload-{quota.name(label, f'{factor:g}x')}.png"
             plot_open_loop(result, plot)
             runs.append(
                 {
@@ -197,11 +235,11 @@ def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, An
                     "refused_at_gateway": refused,
                     "usage": usage,
                     "server_alive": run.alive,
-                    "liveness": probe,
+                    "liveness": probe_runs,
                     "plot": plot.name,
                 }
             )
-            failures = "" if probe is None else f", liveness failures {probe['failures']}/{probe['runs']}"
+            failures = "" if probe_runs is None else f", liveness failed {probe_runs['failures']}/{probe_runs['runs']}"
             print(
                 f"  overload/{cpus:g} CPU/{label}/{factor:g}x: goodput {result.goodput:.2f}"
                 f"{'' if in_run is None else f' ({served or 0:.2f} answered, capacity in the run {in_run:.2f})'}"
@@ -210,23 +248,24 @@ def measure_quota(machine: Machine, cpus: float, seconds: float) -> dict[str, An
                 f"{'' if refused is None else f' ({refused} at the gateway)'}, "
                 f"peak {format_bytes(float(usage['memory_peak_bytes']))}, OOM kills {usage['oom_kills']}{failures}"
             )
-    goals = quota_goals(runs, admission_row, timeout, batch_round, cpus)
     return {
         "cpus": cpus,
         "fitted": cpus in FITTED_QUOTAS,
-        "limits": limits.describe(),
-        "memory_limit": memory,
+        "limits": ", ".join(f"{key} {value}" for key, value in quota.limits.items()),
+        "memory_limit": quota.memory,
         "exported_capacity": round(exported, 3),
         "capacity": round(capacity, 3),
         "capacity_callers": callers,
         "timeout_seconds": timeout,
         "queue_bound": ours.max_queue_size,
         "gateway_admits": quota.admitted,
-        "liveness_probe": {k: v for k, v in kubelet.liveness_probe.items() if k != "exec"},
+        "liveness_probe": probe,
+        "grace_seconds": grace,
         "seconds": seconds,
         "admission": admission_row,
         "runs": runs,
-        "goals": goals,
+        "goals": quota_goals(runs, admission_row, timeout, batch_round, cpus),
+        "ablation_goals": quota_goals(runs, None, timeout, batch_round, cpus, ABLATION),
     }
 
 
@@ -234,50 +273,49 @@ def overloaded(
     label: str,
     quota: QuotaPod,
     serving: ServingConfig,
-    policy: CpuScheduling,
     rate: float,
     seconds: float,
     caller_timeout: float | None,
-    machine: Machine,
+    node: FieldNode,
+    what: str,
 ) -> Overloaded:
-    """One pod at `quota` serving `serving`, offered `rate` open-loop; for inferop's pod (behind its gateway) also
-    what it did with its time in a capacity window just before and during the arrivals, the capacity measured through
-    the gateway just before and just after, its liveness probe's runs and what the gateway refused."""
-    kubelet, limits, callers = quota.kubelet, quota.limits, quota.capacity_callers
-    if label != "inferop":
-        with pod(serving, limits, cpu_scheduling=policy) as server:
-            result, usage = open_loop(server, serving, rate, seconds, caller_timeout, machine)
-            return Overloaded(result, usage, wait_out(server, 1.0))
+    """A fresh pod at `quota` serving `serving`, offered `rate` open-loop; for inferop's pod (behind its gateway, or
+    not in the ablation) also what it did with its time in a capacity window just before and during the arrivals,
+    the capacity measured just before and just after, the kubelet's runs of its liveness probe and what the gateway
+    refused."""
+    machine, callers = node.machine, quota.capacity_callers
+    if label == NAIVE:
+        with node.serving(quota.manifest(node, label, what)) as watch:
+            watch.reset_peak()
+            result, usage = watch.open_loop(serving, rate, seconds, caller_timeout, machine)
+            time.sleep(1.0)  # an OOM kill may come late
+            return Overloaded(result, watch.usage(), watch.alive())
     with (
-        pod(serving, limits, cpu_scheduling=policy, extra_args=kubelet.exit_timeout_args) as server,
-        quota.gateway(server, machine) as gateway,
+        node.serving(quota.manifest(node, label, what)) as watch,
+        quota.gateway(watch, machine, used=label == INFEROP) as gateway,
     ):
-        assert server.cgroup is not None
+        url = watch.url if gateway is None else gateway.url
 
         def work_of(run: Callable[[], Any]) -> tuple[Any, Work]:
-            before = snapshot(server, serving.name)
+            before = watch.work(serving.name)
             outcome = run()
-            return outcome, work_between(before, snapshot(server, serving.name), serving.max_batch_size,
-                                         serving.instances)  # fmt: skip
+            return outcome, work_between(before, watch.work(serving.name), serving.max_batch_size, serving.instances)
 
-        window, at_capacity = work_of(
-            lambda: closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine, gateway.url)
-        )
+        window, at_capacity = work_of(lambda: closed_loop(url, NETWORK, callers, WINDOW_SECONDS, machine))
         paired = [window.throughput]
-        server.cgroup.reset_peak()  # the peak of the arrivals alone
-        refused_before = gateway.refused()
-        with (
-            tempfile.TemporaryDirectory(prefix="inferop-liveness-") as state,
-            LivenessProber(server, kubelet.liveness_probe, Path(state), kubelet.grace_seconds) as prober,
-        ):
-            (result, usage), work = work_of(
-                lambda: open_loop(server, serving, rate, seconds, caller_timeout, machine, gateway.url)
-            )
-        refused = gateway.refused() - refused_before
-        alive = wait_out(server, 1.0)
+        watch.reset_peak()  # the peak of the arrivals alone
+        refused_before = None if gateway is None else gateway.refused()
+        probes_before = watch.liveness_runs()
+        (result, usage), work = work_of(lambda: watch.open_loop(serving, rate, seconds, caller_timeout, machine, url))
+        probes = watch.liveness_runs()
+        probes.subtract(probes_before)
+        refused = None if gateway is None or refused_before is None else gateway.refused() - refused_before
+        time.sleep(1.0)  # an OOM kill may come late
+        alive = watch.alive()
         if alive:
-            paired.append(closed_loop(server, NETWORK, callers, WINDOW_SECONDS, machine, gateway.url).throughput)
-    return Overloaded(result, usage, alive, paired, prober.summary(), refused, work, at_capacity)
+            paired.append(closed_loop(url, NETWORK, callers, WINDOW_SECONDS, machine).throughput)
+    liveness = {"runs": sum(probes.values()), "failures": sum(probes.values()) - probes["successful"]}
+    return Overloaded(result, usage, alive, paired, liveness, refused, work, at_capacity)
 
 
 def cpu_share_kept(work: dict[str, Any] | None, at_capacity: dict[str, Any] | None) -> bool:
@@ -321,25 +359,24 @@ class Overloaded:
 
 
 def quota_goals(
-    runs: list[dict[str, Any]], admission: dict[str, Any], timeout: float, batch_round: int, cpus: float
+    runs: list[dict[str, Any]],
+    admission: dict[str, Any] | None,
+    timeout: float,
+    batch_round: int,
+    cpus: float,
+    deployment: str = INFEROP,
 ) -> list[tuple[str, bool]]:
-    ours = {run["factor"]: run for run in runs if run["deployment"] == "inferop"}
+    """The goals of `deployment`'s runs at one quota, with the admission's where it is given; none for a deployment
+    that did not run there."""
+    ours = {run["factor"]: run for run in runs if run["deployment"] == deployment}
+    if not ours:
+        return []
     # A quota below one CPU holds the pod for the rest of each period once it is spent: an arrival then waits up to
     # (1 - cpus) x the kubelet's 100 ms period before the server can even read it.
     throttle_ms = (1 - min(cpus, 1.0)) * CFS_PERIOD_US / 1e3
     reject_ms = 50.0 + throttle_ms
     throttled = f": 50 + {throttle_ms:g} the CFS quota may hold it" if throttle_ms else ""
-    # Calls are answered a batch at a time: a call that just misses one waits for it and for those ahead of its own,
-    # up to two batches beyond its share of the callers (at 0.5 CPU two batches take 2.1 s of half the timeout's 5).
-    admitted_two_batches_ms = 2 * batch_round / admission["capacity_before"] * 1e3
-    goals = [
-        (
-            f"{admission['callers']} closed-loop callers (the pod answers them in a third of the timeout): at most "
-            f"{MAX_REJECTED_SHARE:.0%} of their calls rejected, p99 within half the timeout + two batches",
-            at_most(admission["rejected_share"], MAX_REJECTED_SHARE)
-            and at_most(admission["p99_ms"], timeout * WAIT_SHARE_OF_TIMEOUT * 1e3 + admitted_two_batches_ms),
-        )
-    ]
+    goals = [] if admission is None else [admission_goal(admission, timeout, batch_round)]
     for factor in (2.0, 4.0):
         run = ours[factor]
         result, usage, capacity, served = run["result"], run["usage"], run["capacity_in_run"], run["answered_rate"]
@@ -384,3 +421,15 @@ def quota_goals(
             base_peak = ours[1.0]["usage"]["memory_peak_bytes"]
             goals.append((f"{factor:g}x: peak within 10% of 1x", usage["memory_peak_bytes"] <= 1.1 * base_peak))
     return goals
+
+
+def admission_goal(admission: dict[str, Any], timeout: float, batch_round: int) -> tuple[str, bool]:
+    # Calls are answered a batch at a time: a call that just misses one waits for it and for those ahead of its own,
+    # up to two batches beyond its share of the callers (at 0.5 CPU two batches take 2.1 s of half the timeout's 5).
+    admitted_two_batches_ms = 2 * batch_round / admission["capacity_before"] * 1e3
+    return (
+        f"{admission['callers']} closed-loop callers (the pod answers them in a third of the timeout): at most "
+        f"{MAX_REJECTED_SHARE:.0%} of their calls rejected, p99 within half the timeout + two batches",
+        at_most(admission["rejected_share"], MAX_REJECTED_SHARE)
+        and at_most(admission["p99_ms"], timeout * WAIT_SHARE_OF_TIMEOUT * 1e3 + admitted_two_batches_ms),
+    )

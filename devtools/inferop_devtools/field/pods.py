@@ -1,5 +1,6 @@
 """What every field drill stands on: the machine split between server and load, the exported models, the
-naive and the planned configs, and a tritonserver in a pod-sized cgroup."""
+naive and the planned configs, the callers; and, for one-off studies, a tritonserver in a pod-sized cgroup of its
+own (`inferop serve`'s limits)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import math
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,12 +198,10 @@ def one_request(serving: ServingConfig) -> dict[str, np.ndarray]:
     return request
 
 
-def closed_loop(
-    server: TritonServer, model: str, concurrency: int, seconds: float, machine: Machine, url: str | None = None
-) -> Any:
-    """`concurrency` callers for `seconds`, straight to the server or through `url` (a gateway in front of it)."""
+def closed_loop(url: str, model: str, concurrency: int, seconds: float, machine: Machine) -> bench.LevelResult:
+    """`concurrency` callers of `model` at `url` for `seconds`, from the callers' CPU."""
     with generator_process(machine.client_cpus):
-        return bench.sweep(url or server.url, model, [concurrency], seconds, batch=1, timeout=120)[0]
+        return bench.sweep(url, model, [concurrency], seconds, batch=1, timeout=120)[0]
 
 
 def open_loop(
@@ -230,16 +228,6 @@ def open_loop(
         drain=5.0,
     )
     return result, dict(server.cgroup.usage())
-
-
-def wait_out(server: TritonServer, seconds: float) -> bool:
-    """True if the server is still alive after `seconds` (an OOM kill may come late)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if server.process is not None and server.process.poll() is not None:
-            return False
-        time.sleep(0.1)
-    return server.process is not None and server.process.poll() is None
 
 
 def verdict(ok: bool) -> str:

@@ -126,7 +126,8 @@ def share(value: float | None) -> str:
 def overload_section(drill: dict[str, Any]) -> list[str]:
     lines = ["", "## b. overload (field report 001)", ""]
     lines.append(
-        f"Inception V3 at each CPU quota; the queue bound's served share ({drill['served_share_of_capacity']:g}) was "
+        f"On {drill['where']}. Inception V3 at each CPU quota; the queue bound's served share "
+        f"({drill['served_share_of_capacity']:g}) was "
         f"fitted at {', '.join(f'{q:g}' for q in drill['fitted_quotas'])} CPU, the other quotas are held out. "
         "Capacity in the run: the pod's own figures over its arrivals, the rate of its full batches (Triton's "
         "statistics per batch size) with the CPU share its model lost to the rest of the pod against a closed-loop "
@@ -173,6 +174,9 @@ def overload_section(drill: dict[str, Any]) -> list[str]:
                 f"{r['client_timeout']} | {r['unfinished']} | {format_bytes(float(u['memory_peak_bytes']))} | "
                 f"{u['oom_kills']} | {failures} | ![]({run['plot']}) |"
             )
+        if quota["ablation_goals"]:
+            lines += ["", f"The same goals for the ablation at {quota['cpus']:g} CPU (the pod called directly):"]
+            lines += goal_lines([{"text": text, "met": met} for text, met in quota["ablation_goals"]])
     return lines + goal_lines(drill["goals"])
 
 
@@ -281,8 +285,8 @@ def report(results: dict[str, Any], seconds: float) -> str:
         "# Field drills",
         "",
         f"`make field`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, {seconds / 60:.0f} min. "
-        "The server runs on the last CPU, the load generator on the others: threads and hang as pods of the local "
-        "cluster's node under the kubelet, overload and memory in a pod-sized cgroup of their own.",
+        "Every pod runs on the local cluster's node under the kubelet, held to the last CPU; the load generator "
+        "runs on the others, in the node's network.",
         "",
         "| drill | goal | result |",
         "|---|---|---|",

@@ -71,7 +71,7 @@ def drill_threads(machine: Machine) -> dict[str, Any]:
                 key = f"{label}/{policy}"
                 serving = copies if label == "naive" else fixed
                 with node.serving(deployments[key]) as watch, generator_process(machine.client_cpus):
-                    level = bench.sweep(f"{watch.address}:8000", network, [concurrency], seconds, batch=1,
+                    level = bench.sweep(watch.url, network, [concurrency], seconds, batch=1,
                                         timeout=120)[0]  # fmt: skip
                     usage = watch.usage()
                 rows[key] = {**asdict(level), "usage": usage, "config": describe(serving, policy)}

@@ -21,8 +21,6 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from inferop.serving.tritonserver import TritonServer
-
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -52,10 +50,10 @@ class Work:
         }
 
 
-def snapshot(server: TritonServer, model: str) -> Snapshot:
-    """Triton's cumulative execution statistics of `model` and the CPU time of the pod's processes, now."""
-    assert server.cgroup is not None and server.process is not None
-    with urllib.request.urlopen(f"http://{server.url}/v2/models/{model}/stats", timeout=30) as response:
+def snapshot(url: str, model: str, pids: list[int], server_pid: int) -> Snapshot:
+    """Triton's cumulative execution statistics of `model` (the server at `url`) and the CPU time of the pod's
+    processes `pids` (the server's own is `server_pid`), now."""
+    with urllib.request.urlopen(f"http://{url}/v2/models/{model}/stats", timeout=30) as response:
         stats = json.load(response)["model_stats"][0]
     batches = {
         int(row["batch_size"]): (
@@ -64,11 +62,11 @@ def snapshot(server: TritonServer, model: str) -> Snapshot:
         )
         for row in stats.get("batch_stats", [])
     }
-    cpu = {pid: cpu_seconds(pid) for pid in server.cgroup.pids()}
+    cpu = {pid: cpu_seconds(pid) for pid in pids}
     return Snapshot(
         batches=batches,
         pod_cpu_seconds=sum(cpu.values()),
-        model_cpu_seconds=sum(seconds for pid, seconds in cpu.items() if pid != server.process.pid),
+        model_cpu_seconds=sum(seconds for pid, seconds in cpu.items() if pid != server_pid),
     )
 
 

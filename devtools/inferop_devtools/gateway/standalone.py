@@ -1,10 +1,11 @@
-"""One Envoy in front of one local pod, admitting what the operator's BackendTrafficPolicy admits.
+"""One Envoy in front of one pod, admitting what the operator's BackendTrafficPolicy admits.
 
-The field drills run pods as local processes, without a control plane, so Envoy Gateway cannot translate the policy
-there. This Envoy (the binary Envoy Gateway runs, from scripts/gateway.sh) gets, in a static bootstrap, the circuit
-breaker Envoy Gateway renders from the policy's `circuitBreaker` (maxParallelRequests, maxPendingRequests and
-maxConnections to the cluster's max_requests, max_pending_requests and max_connections), with the figure from the
-same `inferop_core.capacity.gateway_admission`. Its count of refused requests comes from its admin API.
+The overload drill puts a gateway in front of one pod on the callers' CPU, as a gateway runs on other machines than
+the pods, which an Envoy that Envoy Gateway runs as a pod of the one node could not be. This Envoy (the binary Envoy
+Gateway runs, from scripts/gateway.sh) gets, in a static bootstrap, the circuit breaker Envoy Gateway renders from
+the policy's `circuitBreaker` (maxParallelRequests, maxPendingRequests and maxConnections to the cluster's
+max_requests, max_pending_requests and max_connections), with the figure from the same
+`inferop_core.capacity.gateway_admission`. Its count of refused requests comes from its admin API.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ CONNECTION_MANAGER = (
 REFUSED_STATS = ("cluster.pods.upstream_rq_active_overflow", "cluster.pods.upstream_rq_pending_overflow")
 
 
-def bootstrap(port: int, admin_port: int, backend_port: int, admitted: int) -> dict[str, object]:
-    """Callers on 127.0.0.1:`port` to the pod on `backend_port`; no route timeout (the callers keep their own)."""
+def bootstrap(port: int, admin_port: int, backend: str, admitted: int) -> dict[str, object]:
+    """Callers on 127.0.0.1:`port` to the pod at `backend` (host:port); no route timeout (the callers keep their
+    own)."""
+    host, _, backend_port = backend.rpartition(":")
     route = {"match": {"prefix": "/"}, "route": {"cluster": "pods", "timeout": "0s"}}
     manager = {
         "@type": CONNECTION_MANAGER,
@@ -42,7 +45,7 @@ def bootstrap(port: int, admin_port: int, backend_port: int, admitted: int) -> d
         "route_config": {"virtual_hosts": [{"name": "pods", "domains": ["*"], "routes": [route]}]},
         "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}],
     }
-    endpoint = {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": backend_port}}}}
+    endpoint = {"endpoint": {"address": {"socket_address": {"address": host, "port_value": int(backend_port)}}}}
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "static_resources": {
@@ -79,9 +82,9 @@ def bootstrap(port: int, admin_port: int, backend_port: int, admitted: int) -> d
 class StandaloneEnvoy:
     """Envoy on `cpus` (the callers' side: a gateway runs on other machines than the pods), one worker thread."""
 
-    def __init__(self, backend_port: int, admitted: int, cpus: set[int] | None = None) -> None:
+    def __init__(self, backend: str, admitted: int, cpus: set[int] | None = None) -> None:
         self.port, self.admin_port = free_ports(2)
-        self._config = bootstrap(self.port, self.admin_port, backend_port, admitted)
+        self._config = bootstrap(self.port, self.admin_port, backend, admitted)
         self._cpus = cpus
         self._work = Path(tempfile.mkdtemp(prefix="inferop-envoy-"))
         self._log = self._work / "envoy.log"

@@ -30,7 +30,7 @@ def measure(network: str, policy: CpuScheduling, limits: PodLimits, machine: Mac
     callers = 2 * serving.instances * serving.max_batch_size
     timeout = (serving.request_timeout_microseconds or 10_000_000) / 1e6
     with pod(serving, limits, cpu_scheduling=policy) as server:
-        capacity = closed_loop(server, network, callers, seconds, machine).throughput
+        capacity = closed_loop(server.url, network, callers, seconds, machine).throughput
         shares = {}
         for factor in (1.0, 2.0):
             result, _ = open_loop(server, serving, capacity * factor, seconds, timeout * 1.1, machine)
