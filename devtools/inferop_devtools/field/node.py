@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from inferop.limits import oom_kills_from
-from inferop.openloop import OpenLoopResult, run_open_loop
+from inferop.openloop import OpenLoopResult
 from inferop_core.scheduling import CpuScheduling
 from inferop_core.tritonconfig import ServingConfig, render_model_config
 from inferop_devtools.cluster.node import NODE_NAME, NodeSite, cgroup_hierarchies, probe_runs
 from inferop_devtools.drills.harness import DrillCluster, operator_running, wait_until
-from inferop_devtools.field.pods import OUT, REPO, Machine, one_request
+from inferop_devtools.field.pods import OUT, REPO, Machine, open_loop
 from inferop_devtools.field.work import Snapshot, snapshot
 from inferop_operator.identity import API_VERSION, INSTANCE, KIND
 
@@ -261,17 +261,7 @@ class PodWatch:
     ) -> tuple[OpenLoopResult, dict[str, int]]:
         """Open-loop arrivals at the pod's address, or through `url` (a gateway in front of it), from the callers'
         CPU, with the container's memory sampled; returns the result and the container's usage."""
-        result = run_open_loop(
-            url or self.url,
-            serving.name,
-            one_request(serving),
-            rate,
-            seconds,
-            timeout=timeout,
-            memory_probe=self.memory_current,
-            client_cpus=machine.client_cpus,
-            drain=5.0,
-        )
+        result = open_loop(url or self.url, serving, rate, seconds, timeout, machine, self.memory_current)
         return result, self.usage()
 
 

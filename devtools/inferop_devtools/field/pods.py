@@ -11,7 +11,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,29 +205,26 @@ def closed_loop(url: str, model: str, concurrency: int, seconds: float, machine:
 
 
 def open_loop(
-    server: TritonServer,
+    url: str,
     serving: ServingConfig,
     rate: float,
     seconds: float,
     timeout: float | None,
     machine: Machine,
-    url: str | None = None,
-) -> tuple[OpenLoopResult, dict[str, Any]]:
-    """Open-loop arrivals, straight to the server or through `url`, with the pod's memory sampled; returns the
-    result and the pod's usage."""
-    assert server.cgroup is not None
-    result = run_open_loop(
-        url or server.url,
+    memory_probe: Callable[[], int],
+) -> OpenLoopResult:
+    """Open-loop arrivals at `url` from the callers' CPU, with the pod's memory sampled by `memory_probe`."""
+    return run_open_loop(
+        url,
         serving.name,
         one_request(serving),
         rate,
         seconds,
         timeout=timeout,
-        memory_probe=server.cgroup.memory_current,
+        memory_probe=memory_probe,
         client_cpus=machine.client_cpus,
         drain=5.0,
     )
-    return result, dict(server.cgroup.usage())
 
 
 def verdict(ok: bool) -> str:

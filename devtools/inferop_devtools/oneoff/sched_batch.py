@@ -33,7 +33,10 @@ def measure(network: str, policy: CpuScheduling, limits: PodLimits, machine: Mac
         capacity = closed_loop(server.url, network, callers, seconds, machine).throughput
         shares = {}
         for factor in (1.0, 2.0):
-            result, _ = open_loop(server, serving, capacity * factor, seconds, timeout * 1.1, machine)
+            assert server.cgroup is not None
+            result = open_loop(
+                server.url, serving, capacity * factor, seconds, timeout * 1.1, machine, server.cgroup.memory_current
+            )
             shares[f"{factor:g}x"] = round(result.goodput / capacity, 3)
     return {"capacity": round(capacity, 2), "goodput_share": shares, "queue_bound": serving.max_queue_size}
 
