@@ -131,7 +131,7 @@ class TestRefusals:
             lambda: condition(kubectl.get("infsvc", "out-of-memory", namespace), "MemoryFit"), what="MemoryFit"
         )
         assert (fit["status"], fit["reason"]) == ("False", "InsufficientMemory")
-        assert "= 6.79Gi against 3Gi" in fit["message"]
+        assert "= 6.79Gi, x 1.28 margin = 8.69Gi against 3Gi" in fit["message"]
         assert "batching.maxBatchSize <= 12" in fit["message"] and "instances <= 1" in fit["message"]
         assert _events(kubectl, namespace, "InsufficientMemory")
         assert kubectl.get("deployment", "out-of-memory", namespace) is None
