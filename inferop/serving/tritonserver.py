@@ -182,13 +182,15 @@ class TritonServer:
         scheduling.apply(self.cpu_scheduling)
 
     def wait_ready(self, timeout: float) -> None:
+        """Until the model is ready and the metrics endpoint answers: Triton starts its metrics server after its HTTP
+        server, and a caller that reads the metrics at once was refused in that gap."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
                 failures = "".join(f"{line}\n" for line in self.load_failures())
                 raise ServerError(f"{self.exit_reason()}:\n{failures}{self.log_tail()}")
-            if http_status(f"http://{self.url}/v2/health/ready") == 200:
+            if http_status(f"http://{self.url}/v2/health/ready") == 200 and http_status(self.metrics_url) == 200:
                 return
             time.sleep(0.2)
         raise ServerError(f"tritonserver not ready after {timeout:.0f}s:\n{self.log_tail()}")
