@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,22 @@ def connect(url: str, timeout: float) -> Any:
     import tritonclient.http as httpclient
 
     return httpclient.InferenceServerClient(url, connection_timeout=timeout, network_timeout=timeout)
+
+
+def wait_until_ready(client: Any, url: str, model: str, seconds: float) -> None:
+    """Return once the server at `url` has `model` ready: for a server started in the background a moment ago,
+    or a port-forward still opening, which would otherwise refuse the first call."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if client.is_model_ready(model):
+                return
+            why = f"model {model!r} is not ready"
+        except Exception as error:  # refused, reset or no answer yet: each a reason to wait, the last one shown
+            why = f"{type(error).__name__}: {error}"
+        if time.monotonic() >= deadline:
+            raise InferError(f"{url}: not ready within --wait {seconds:g} s ({why})")
+        time.sleep(0.2)
 
 
 def describe(client: Any, model: str) -> ModelInfo:
@@ -339,12 +356,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random board")
     parser.add_argument("--top", type=int, default=5, help="labels to show per image (default 5)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds before the client gives up")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to SECONDS for the server to answer with the model ready, as for a server started in the "
+        "background just before (default 0: call at once)",
+    )
     parser.add_argument("--json", action="store_true", help="print the answer as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.wait < 0:
+            raise InferError(f"--wait {args.wait:g}: seconds to wait cannot be negative")
         client = connect(args.url, args.timeout)
+        if args.wait:
+            wait_until_ready(client, args.url, args.model, args.wait)
         info = describe(client, args.model)
         timeout_us = int(args.timeout * 1e6)  # also the server-side queue timeout for this request
         kind = info.processing.kind

@@ -1,8 +1,12 @@
-"""`inferop infer` and `inferop bench` without a server: preprocessing, boards, softmax, statistics."""
+"""`inferop infer` and `inferop bench` without a server: preprocessing, boards, softmax, statistics, waiting."""
 
 from __future__ import annotations
 
 import re
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -292,3 +296,20 @@ class TestRejections:
         table = format_table("m", 1, [level(1, 10.0, 5.0), level(16, 10.0, 50.0, rejected=40)])
         assert table.splitlines()[3].split()[5] == "40"  # the rejected column
         assert "rejected: answered at once with 503 by a full queue" in table and "by design" in table
+
+
+class TestWaitForTheServer:
+    """`inferop infer --wait`: a server started in the background a moment before is waited for, never forever."""
+
+    def test_nobody_listening_ends_at_the_deadline_with_the_last_reason(self) -> None:
+        with socket.socket() as probe:  # a port that nothing listens on once closed
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        command = [sys.executable, "-m", "inferop_core.cli", "infer", "--url", f"127.0.0.1:{port}", "--model", "m"]
+        started = time.monotonic()
+        result = subprocess.run([*command, "--wait", "1.5"], capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode == 1
+        assert re.search(rf"127\.0\.0\.1:{port}: not ready within --wait 1\.5 s \(.*[Rr]efused", result.stderr)
+        assert time.monotonic() - started >= 1.5
+        refused = subprocess.run([*command, "--wait", "-1"], capture_output=True, text=True, timeout=60, check=False)
+        assert "--wait -1: seconds to wait cannot be negative" in refused.stderr

@@ -349,6 +349,11 @@ class TestInferCommand:
         assert answer["image"] == "sample picture (drawn)"
         assert len(answer["top"]) == 5
 
+    def test_waiting_for_a_model_the_server_does_not_have_ends_with_why(self, triton: RunningServer) -> None:
+        result = infer_command(triton, "--model", "no_such_model", "--wait", "1", check=False)
+        assert result.returncode == 1
+        assert f"{triton.url}: not ready within --wait 1 s (model 'no_such_model' is not ready)" in result.stderr
+
     def test_a_flag_of_another_kind_of_model_is_refused(self, triton: RunningServer) -> None:
         result = infer_command(triton, "--model", "conv_net", "--input", "board=x.npy", check=False)
         assert result.returncode == 1

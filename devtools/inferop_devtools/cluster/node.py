@@ -449,9 +449,15 @@ def holder_command(site: NodeSite, layout: NodeLayout) -> list[str]:
 
 
 def chart_values(operator: str, triton: str) -> dict[str, Any]:
-    """The chart's values that run it on the local node: its images, imported there, never pulled."""
+    """The chart's values that run it on the local node: its images, imported there, never pulled; and no CPU
+    request for the operator, still limited as the chart limits it: the node is this machine, and `inferop export`
+    plans a model for all of the machine's CPUs, so the README's model would stay Pending beside a request of 100m."""
     repository, _, tag = operator.rpartition(":")
-    return {"image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"}, "tritonImage": triton}
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
+        "tritonImage": triton,
+        "resources": {"requests": {"cpu": "0"}},
+    }
 
 
 def node_extensions(site: NodeSite) -> str:
