@@ -49,7 +49,7 @@ tools: $(TOOLS_STAMP)
 
 $(TOOLS_STAMP): scripts/kube-binaries.sh scripts/kube-current.sh scripts/kube-addons.sh scripts/go-cache.sh \
 		scripts/helm-kubectl.sh scripts/tools-venv.sh scripts/prometheus.sh scripts/gateway.sh scripts/s3-server.sh \
-		scripts/coredns/main.go scripts/coredns/go.mod scripts/kube-node.sh scripts/node/pause.c
+		scripts/coredns/main.go scripts/coredns/go.mod scripts/kube-node.sh scripts/node/pause.c scripts/fetch.py
 	bash scripts/kube-binaries.sh >/dev/null
 	bash scripts/kube-current.sh >/dev/null
 	bash scripts/kube-node.sh >/dev/null

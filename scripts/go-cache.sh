@@ -8,8 +8,13 @@
 
 BIN="$CACHE/bin"
 BUILD="$CACHE/build"
+# Downloads checked against their registries (absolute: the builds run in $BUILD).
+FETCH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/fetch.py"
 # The Go the proxy serves when a module asks for more than the machine's own.
 NEWER_TOOLCHAIN=go1.27.3
+# The Go fetched into the cache where the machine has none, or one older than the builds need (Debian 12's is 1.19).
+GO_VERSION=1.26.8
+GO_NEEDED=1.26
 
 log() { echo "$SCRIPT: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -23,6 +28,27 @@ has_all() {
 # The module cache is read-only: make it writable before removing it.
 remove_build() { chmod -R u+w "$BUILD" 2>/dev/null || true; rm -rf "$BUILD"; }
 
+# Whether the go command on PATH is at least Go $1.
+go_at_least() {
+    local have
+    have=$(go env GOVERSION 2>/dev/null) || return 1
+    have=${have#go}
+    [[ $(printf '%s\n%s\n' "$1" "$have" | sort -V | head -n1) == "$1" ]]
+}
+
+# Put a Go new enough first on PATH: the machine's, else Go's toolchain from the module proxy (checked against the
+# checksum database by fetch.py), fetched once into the cache (about 75 MB, seconds).
+use_go() {
+    command -v go >/dev/null && go_at_least "$GO_NEEDED" && return
+    local root="${INFEROP_CACHE:-$HOME/.cache/inferop}/go/go$GO_VERSION"
+    if [[ ! -x $root/bin/go ]]; then
+        log "no Go $GO_NEEDED or newer on PATH: fetching Go $GO_VERSION from the Go module proxy into $root"
+        python3 "$FETCH" go "$GO_VERSION" "$root" || die "no Go to build with"
+    fi
+    export PATH="$root/bin:$PATH"
+    go_at_least "$GO_NEEDED" || die "$root/bin/go is not Go $GO_NEEDED or newer: $(go version 2>&1)"
+}
+
 go_cache_begin() {
     # shellcheck disable=SC2153  # NEEDED is the caller's
     if has_all "${NEEDED[@]}"; then
@@ -33,7 +59,7 @@ go_cache_begin() {
         log "no $WHAT yet: run $0 to build them ($BUILD_TIME)"
         exit 3
     fi
-    command -v go >/dev/null || die "building needs the go command (Go 1.26 or newer)"
+    use_go
     # One builder at a time; a second caller waits and then finds the cache filled.
     mkdir -p "$CACHE"
     exec 9>"$CACHE/.lock"
@@ -67,11 +93,9 @@ go_cache_finish() {
 
 # Switch to the proxy's newer toolchain only when a go.mod asks for more than the local go.
 use_go_for() {
-    local needed=$1 have
-    have=$(go env GOVERSION)
-    have=${have#go}
-    if [[ $(printf '%s\n%s\n' "$needed" "$have" | sort -V | head -n1) != "$needed" ]]; then
-        log "go $needed needed, go $have here: using $NEWER_TOOLCHAIN from the module proxy"
+    local needed=$1
+    if ! go_at_least "$needed"; then
+        log "go $needed needed, $(go env GOVERSION) here: using $NEWER_TOOLCHAIN from the module proxy"
         export GOTOOLCHAIN=$NEWER_TOOLCHAIN
     fi
 }

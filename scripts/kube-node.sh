@@ -13,7 +13,8 @@
 set -euo pipefail
 
 DIR="${INFEROP_CACHE:-$HOME/.cache/inferop}/node"
-PACKAGES=(containerd runc containernetworking-plugins iptables conntrack debootstrap)
+# gcc and libc6-dev compile the sandbox's pause program, statically.
+PACKAGES=(containerd runc containernetworking-plugins iptables conntrack debootstrap gcc libc6-dev)
 # The base image's packages beyond minbase: the interpreter the Triton python backend's stub links to, and that
 # the liveness probe runs.
 ROOTFS_PACKAGES=python3,libpython3.11
@@ -71,7 +72,6 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 if [[ ! -x "$DIR/$(pause_name)" ]]; then
-    command -v gcc >/dev/null || die "gcc is needed to compile the pause program (apt-get install gcc libc6-dev)"
     gcc -static -O2 -s -o "$tmp/pause" "$PAUSE_SOURCE" || die "compiling $PAUSE_SOURCE failed (libc6-dev missing?)"
     rm -f "$DIR"/pause-*
     mv "$tmp/pause" "$DIR/$(pause_name)"
