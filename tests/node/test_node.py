@@ -208,6 +208,18 @@ def test_up_starts_a_node_where_a_pod_runs_under_the_kubelet_s_limits(kube: Clus
     limit = kube.run("exec", "web", "--", "cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
     assert int(limit) == 64 * 2**20
     assert "serving" in kube.run("logs", "web")
+    # The same cgroups from the host, where the drills read a container's memory, CPU and processes.
+    site, uid, container_id = (
+        NodeSite.of(kube.state_dir),
+        kube.pod("web")["metadata"]["uid"],
+        status["containerStatuses"][0]["containerID"],
+    )
+    cgroups = site.container_cgroups(uid, container_id)
+    assert int((cgroups["memory"] / "memory.limit_in_bytes").read_text()) == 64 * 2**20
+    cpu = next(cgroup for name, cgroup in cgroups.items() if "cpu" in name.split(","))
+    assert int((cpu / "cpu.cfs_quota_us").read_text()) == int((cpu / "cpu.cfs_period_us").read_text()) // 4  # 250m
+    (server,) = site.container_pids(uid, container_id)
+    assert Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")[0] == b"httpd"
 
 
 @pytest.mark.integration

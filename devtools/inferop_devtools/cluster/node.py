@@ -151,13 +151,21 @@ class NodeSite:
             (pod / "cpuset.cpus").write_text(cpus)
         return True
 
+    def container_cgroups(self, uid: str, container_id: str) -> dict[str, Path]:
+        """The cgroups the kubelet made for container `container_id` (a pod status's containerID, runtime:// prefix
+        and all) of pod `uid`, by hierarchy (v1: cpu, cpuacct, memory, pids, ...); empty once they are gone."""
+        name = f"kubepods/**/pod{uid}/{container_id.split('://')[-1]}"
+        return {
+            hierarchy.name: cgroup
+            for hierarchy in cgroup_hierarchies()
+            for cgroup in (hierarchy / self.cgroup_root).glob(name)
+        }
+
     def container_pids(self, uid: str, container_id: str) -> list[int]:
-        """The processes of container `container_id` (a pod status's containerID, runtime:// prefix and all) of pod
-        `uid`, from the cgroup the kubelet made for it: /proc/<pid>/root is the container's file system as its
-        processes see it."""
-        (hierarchy,) = (h for h in cgroup_hierarchies() if h.name == "pids")
-        found = list((hierarchy / self.cgroup_root).glob(f"kubepods/**/pod{uid}/{container_id.split('://')[-1]}"))
-        return [int(pid) for cgroup in found for pid in (cgroup / "cgroup.procs").read_text().split()]
+        """The processes of container `container_id` of pod `uid`, from its pids cgroup: /proc/<pid>/root is the
+        container's file system as its processes see it."""
+        cgroup = self.container_cgroups(uid, container_id).get("pids")
+        return [int(pid) for pid in (cgroup / "cgroup.procs").read_text().split()] if cgroup else []
 
     @property
     def host_link(self) -> str:

@@ -22,7 +22,7 @@ from inferop.limits import oom_kills_from
 from inferop.openloop import OpenLoopResult
 from inferop_core.scheduling import CpuScheduling
 from inferop_core.tritonconfig import ServingConfig, render_model_config
-from inferop_devtools.cluster.node import NODE_NAME, NodeSite, cgroup_hierarchies, probe_runs
+from inferop_devtools.cluster.node import NODE_NAME, NodeSite, probe_runs
 from inferop_devtools.drills.harness import DrillCluster, operator_running, wait_until
 from inferop_devtools.field.pods import OUT, REPO, Machine, open_loop
 from inferop_devtools.field.work import Snapshot, snapshot
@@ -209,10 +209,7 @@ class PodWatch:
         """The cgroups the kubelet made for the container the watch started with, by v1 hierarchy (cpu, cpuacct,
         memory); found once, as the memory probe reads them during a run."""
         if not self._cgroups:
-            uid, container_id = self.pod["metadata"]["uid"], self.container()["containerID"].split("://")[-1]
-            for hierarchy in cgroup_hierarchies():
-                for cgroup in (hierarchy / self.site.cgroup_root).glob(f"kubepods/**/pod{uid}/{container_id}"):
-                    self._cgroups[hierarchy.name] = cgroup
+            self._cgroups = self.site.container_cgroups(self.pod["metadata"]["uid"], self.container()["containerID"])
         return self._cgroups
 
     def memory_current(self) -> int:
