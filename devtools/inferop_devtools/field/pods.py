@@ -158,14 +158,16 @@ def rendered(raw: dict[str, Any]) -> Rendered:
 
 
 @contextlib.contextmanager
-def pod(
+def local_server(
     serving: ServingConfig,
     limits: PodLimits,
     env: dict[str, str] | None = None,
     cpu_scheduling: CpuScheduling = DEFAULT_CPU_SCHEDULING,
     extra_args: list[str] | None = None,
 ) -> Iterator[TritonServer]:
-    """A tritonserver serving `serving` (the exported model.onnx, this config) inside a pod-sized cgroup."""
+    """A tritonserver serving `serving` (the exported model.onnx, this config) under `limits`, as `inferop serve
+    --cpus --memory` runs one on this machine (a cgroup of its own, no kubelet): for a study of Triton itself, where a
+    pod's image and node would only add what the drills on the node already measure."""
     work = Path(tempfile.mkdtemp(prefix="inferop-field-"))
     write_model_repo(serving, REPO / serving.name, work / "repo")
     server = TritonServer(

@@ -1,7 +1,7 @@
 """One-off measurement behind the README's scheduling policy rule: what SCHED_BATCH does for Triton's dynamic batcher
 under a queue bound, on one CPU. Both networks with inferop's rendering (derived queue bound, request timeout) in a
-1-CPU pod, under SCHED_OTHER and under SCHED_BATCH: the capacity (closed-loop callers enough for full batches), then
-goodput at 1x and 2x that capacity offered open-loop, as a share of it.
+1-CPU cgroup as `inferop serve --cpus 1` makes it, under SCHED_OTHER and under SCHED_BATCH: the capacity (closed-loop
+callers enough for full batches), then goodput at 1x and 2x that capacity offered open-loop, as a share of it.
 
     python -m inferop_devtools.oneoff.sched_batch [--seconds 20] [--across-cpus]
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from inferop.limits import PodLimits
 from inferop_core.scheduling import CpuScheduling
-from inferop_devtools.field.pods import Machine, closed_loop, open_loop, planned, pod, pod_spec
+from inferop_devtools.field.pods import Machine, closed_loop, local_server, open_loop, planned, pod_spec
 
 POLICIES: tuple[CpuScheduling, ...] = ("normal", "batch")
 
@@ -29,7 +29,7 @@ def measure(network: str, policy: CpuScheduling, limits: PodLimits, machine: Mac
     serving = planned(pod_spec(network, cpus=1))
     callers = 2 * serving.instances * serving.max_batch_size
     timeout = (serving.request_timeout_microseconds or 10_000_000) / 1e6
-    with pod(serving, limits, cpu_scheduling=policy) as server:
+    with local_server(serving, limits, cpu_scheduling=policy) as server:
         capacity = closed_loop(server.url, network, callers, seconds, machine).throughput
         shares = {}
         for factor in (1.0, 2.0):
