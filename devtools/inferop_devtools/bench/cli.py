@@ -10,6 +10,8 @@ Tuning (the conv net under a 2-CPU quota and a p99 budget): `inferop tune`'s cli
 the same grid, in trials, time and best throughput, the two winners measured again side by side.
 Operator: time from `kubectl apply` to the Deployment existing (p50 of 20), time for 100 services
 applied at once to converge, and the operator's peak resident memory.
+Clients: NVIDIA's perf_analyzer against `inferop bench` on the same server (both networks, 1, 4 and 16 callers):
+throughput, p50, p99, client CPU a request, and the answers in the band of the batcher's 500 ms timer.
 
 Exits 1 when a part fails or a target is missed, and says which.
 """
@@ -36,10 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-gpu", action="store_true")
     parser.add_argument("--skip-tune", action="store_true")
     parser.add_argument("--skip-operator", action="store_true")
+    parser.add_argument("--skip-clients", action="store_true")
     parser.add_argument("--json", type=Path, default=repo_root() / "out" / "bench.json", help="write the figures here")
     args = parser.parse_args(argv)
 
     from inferop.serving.gpu import local_gpu
+    from inferop_devtools.bench.clients import clients_bench
     from inferop_devtools.bench.gpu import gpu_bench
     from inferop_devtools.bench.operator import operator_bench
     from inferop_devtools.bench.serving import serving_bench
@@ -50,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": lambda: gpu_bench(args.seconds / 3) if local_gpu() else {"not_measured": "no NVIDIA GPU with CUDA here"},
         "tune": tune_bench,
         "operator": lambda: operator_bench(args.services, args.samples),
+        "clients": lambda: clients_bench(args.seconds),
     }
     results: dict[str, Any] = {}
     failed: dict[str, str] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from inferop_devtools.bench.clients import clients_lines, clients_targets
 from inferop_devtools.bench.operator import operator_targets
 from inferop_devtools.bench.serving import TUNED_CONCURRENCY, serving_targets
 from inferop_devtools.bench.targets import Target
@@ -15,6 +16,7 @@ TARGETS: dict[str, Callable[[dict[str, Any]], list[Target]]] = {
     "serving": serving_targets,
     "tune": tune_targets,
     "operator": operator_targets,
+    "clients": clients_targets,
 }
 
 
@@ -120,6 +122,8 @@ def report_lines(results: dict[str, Any]) -> list[str]:
             f"  {o['services']} services applied at once, converged in {o['converge_s']:.1f} s",
             f"  operator peak resident memory (VmHWM): {o['operator_peak_rss_mb']:.0f} MiB",
         ]
+    if "clients" in results:
+        lines += clients_lines(results["clients"])
     return lines
 
 

@@ -54,21 +54,28 @@ def onnxruntime_images_per_second(model: Path, intra: int, inter: int, batch: in
 SERVING_ROUNDS = 3
 
 
+def exported(network: str) -> Path:
+    """The built-in network's model directory in the repository the benchmarks serve, exported once."""
+    from inferop_core.cli import main as inferop
+
+    model_dir = REPO / network
+    if not (model_dir / "1" / "model.onnx").exists():
+        print(f"exporting {network} (once)", flush=True)
+        if inferop(["export", network, "--repo", str(REPO)]) != 0:
+            raise SystemExit(1)
+    return model_dir
+
+
 def serving_bench(seconds: float) -> dict[str, Any]:
     """Triton, ONNX Runtime in-process and the fp32 ceiling, measured in alternating rounds and compared as
     medians: this machine's speed drifts by a fifth within minutes, more than separate measurements could tell."""
     from inferop import bench
     from inferop.serving.tritonserver import TritonServer, free_port
-    from inferop_core.cli import main as inferop
     from inferop_core.tritonconfig import parse_model_config
     from inferop_export.profile import profile_onnx
 
     cpus = local_cpus()
-    model_dir = REPO / "inception_v3"
-    if not (model_dir / "1" / "model.onnx").exists():
-        print("exporting inception_v3 (once)", flush=True)
-        if inferop(["export", "inception_v3", "--repo", str(REPO)]) != 0:
-            raise SystemExit(1)
+    model_dir = exported("inception_v3")
     config = parse_model_config((model_dir / "config.pbtxt").read_text())
     intra = int(config.parameters["intra_op_thread_count"].string_value)
     inter = int(config.parameters["inter_op_thread_count"].string_value)
