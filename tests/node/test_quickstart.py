@@ -169,6 +169,14 @@ def cli_command(action: str, state_dir: Path) -> list[str]:
     return [str(repo_root() / ".venv" / "bin" / "inferop"), "cluster", action, "--state-dir", str(state_dir)]
 
 
+def timed(user: Shell, text: str) -> tuple[str, float]:
+    """What the README's `text` printed, and how long it took (the first `cluster up` on a machine builds its parts,
+    so it may take half an hour)."""
+    started = time.monotonic()
+    printed = user.run(text, timeout=1800)
+    return printed, time.monotonic() - started
+
+
 def served(user: Shell) -> int:
     """How many requests the conv net's Triton in the pod answered, from its metrics, read inside the container."""
     read = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics').read().decode())"
@@ -186,13 +194,14 @@ def test_the_readme_quickstart_runs_as_written(shell: tuple[Shell, Path], measur
     printed: dict[str, str] = {}
     took: list[str] = []
     for title, text in steps:
-        started = time.monotonic()
         if title.startswith("# 4."):
             # Read the pod's count of answers before and after the step's call: the call must be one of them.
             forward, call = text.split("\ninferop infer", 1)
-            printed[title] = user.run(forward, timeout=1800)  # the first `cluster up` on a machine builds its parts
+            printed[title], spent = timed(user, forward)
             before_call = served(user)
-            printed[title] += user.run(f"inferop infer{call}", timeout=120)
+            answer, spent_calling = timed(user, f"inferop infer{call}")
+            printed[title] += answer
+            spent += spent_calling
             assert served(user) == before_call + 1, "the call through the port-forward did not reach the pod"
             assert "Handling connection for 18000" in printed[title], printed[title]
             assert "STATUS: deployed" in printed[title], printed[title]  # helm's, for the chart
@@ -200,8 +209,8 @@ def test_the_readme_quickstart_runs_as_written(shell: tuple[Shell, Path], measur
             found = user.run("command -v kubectl helm", 10).split()
             assert found == [str(kube_tools() / "kubectl"), str(kube_tools() / "helm")], found
         else:
-            printed[title] = user.run(text, timeout=1800)
-        took.append(f"{re.split(r'[:(,]', title.removeprefix('# '))[0].strip()} {time.monotonic() - started:.1f} s")
+            printed[title], spent = timed(user, text)
+        took.append(f"{re.split(r'[:(,]', title.removeprefix('# '))[0].strip()} {spent:.1f} s")
         if title.startswith("# 2."):
             # The step stopped the server it started: nothing answers on its port (in the shell's own network).
             answers = user.run("(exec 3<>/dev/tcp/127.0.0.1/8000) 2>/dev/null && echo open || echo closed", 10)
