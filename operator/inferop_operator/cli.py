@@ -104,6 +104,21 @@ class OneLinePerOutage(logging.Filter):
         return True
 
 
+class StartupChatter(logging.Filter):
+    """Holds back kopf's account of its own start (four INFO lines on every start, which a user reads as news); the
+    operator says what it waits for itself, and `--verbose` shows them."""
+
+    LINES = (
+        "Activity 'configure' succeeded",
+        "Activity 'login' succeeded",
+        "Initial authentication has been initiated",
+        "Initial authentication has finished",
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.INFO and record.getMessage().startswith(self.LINES))
+
+
 def api_lost(answers: Callable[[], bool], lost_seconds: float, ended: threading.Event, period: float) -> bool:
     """Block until the API server has not answered (`answers()` false) for `lost_seconds` on end (True, said in one
     line), or until `ended` (False)."""
@@ -153,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose, log_format=log_format)
     for handler in logging.getLogger().handlers:  # kopf's, on the root logger: every logger's lines pass them
         handler.addFilter(OneLinePerOutage())
+        if not args.verbose:
+            handler.addFilter(StartupChatter())
     settings = kopf.OperatorSettings()
     # Exact namespaces need no watching of Namespaces and CRDs across the cluster, nor RBAC for it.
     settings.scanning.disabled = bool(args.namespace)

@@ -48,3 +48,14 @@ def test_an_api_server_that_comes_back_in_time_stops_nothing() -> None:
     ended = threading.Event()
     threading.Timer(0.5, ended.set).start()
     assert cli.api_lost(lambda: next(answers, True), 1.0, ended, period=0.001) is False
+
+
+def test_kopf_s_account_of_its_start_is_held_back_and_its_warnings_are_not() -> None:
+    def info(message: str) -> logging.LogRecord:
+        return logging.LogRecord("kopf.activities", logging.INFO, __file__, 1, message, (), None)
+
+    quiet = cli.StartupChatter()
+    assert not quiet.filter(info("Activity 'login' succeeded."))
+    assert not quiet.filter(info("Initial authentication has been initiated."))
+    assert quiet.filter(record("Activity 'login' succeeded."))  # the same words at ERROR pass
+    assert quiet.filter(info("Handler 'create_fn' succeeded."))
