@@ -11,13 +11,13 @@ instead (`inferop.openloop`): requests at a fixed or Poisson rate, whatever the 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
 import sys
-import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,7 @@ class LevelResult:
     queue_ms: float  # Triton's mean queue time per request
     compute_ms: float  # Triton's mean compute time per request
     mean_batch: float  # samples per model execution
+    client_cpu_ms: float = 0.0  # this client's CPU per request: what it adds to a shared machine
     first_error: str | None = None
 
 
@@ -98,57 +99,31 @@ def run_level(
     seconds: float,
     timeout: float,
 ) -> LevelResult:
-    """`concurrency` callers, each with its own connection, sending `data` back to back until time is up."""
-    import tritonclient.http as httpclient
+    """`concurrency` callers, each with its own connection, sending `data` back to back until time is up.
 
+    The callers share one event loop that posts one pre-encoded request (`Exchange`): a caller that costs
+    little CPU per request is timed by the server's answers, not by its own wait for a CPU. Threads of
+    tritonclient cost about five times as much each and queue for the interpreter's lock, which stretched the
+    median and hid the dynamic batcher's 500 ms stalls that NVIDIA's perf_analyzer shows (issue 43's runs).
+    """
     samples = len(data[0][1]) if info.batched else 1
-
-    latencies: list[list[float]] = [[] for _ in range(concurrency)]
-    errors: list[list[str]] = [[] for _ in range(concurrency)]
-    rejected = [0] * concurrency
-    stop_at = time.monotonic() + seconds
-    start_gate = threading.Barrier(concurrency + 1)
-
-    def caller(index: int) -> None:
-        client = connect(url, timeout)
-        requests = []
-        for tensor, array in data:
-            requests.append(httpclient.InferInput(tensor.name, list(array.shape), tensor.datatype))
-            requests[-1].set_data_from_numpy(array, binary_data=True)
-        outputs = [httpclient.InferRequestedOutput(name, binary_data=True) for name in info.outputs]
-        start_gate.wait()
-        while time.monotonic() < stop_at:
-            begin = time.perf_counter()
-            try:
-                client.infer(info.name, requests, outputs=outputs)
-                latencies[index].append(time.perf_counter() - begin)
-            except Exception as error:  # every failure is counted and the first one reported
-                if rejected_by_full_queue(error):
-                    rejected[index] += 1
-                else:
-                    errors[index].append(str(error)[:200])
-        client.close()
-
+    exchange = Exchange.for_model(url, info, data)
     admin = connect(url, timeout)
     before = call(admin.get_inference_statistics, info.name, what="statistics")
-    threads = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    start_gate.wait()
-    began = time.monotonic()
-    for thread in threads:
-        thread.join(seconds + timeout + 5)
-    elapsed = time.monotonic() - began
+    began_cpu = time.process_time()
+    callers, elapsed = asyncio.run(exchange.closed_loop(concurrency, seconds, timeout))
+    cpu = time.process_time() - began_cpu
     after = call(admin.get_inference_statistics, info.name, what="statistics")
     admin.close()  # an open connection holds up the server's shutdown
-    flat = [x for per in latencies for x in per]
-    failures = [e for per in errors for e in per]
+    flat = [x for caller in callers for x in caller.latencies]
+    failures = [e for caller in callers for e in caller.errors]
     delta = statistics_delta(before, after)
     p50, p90, p99 = percentiles(flat)
+    answered = len(flat) + sum(caller.rejected for caller in callers) + len(failures)
     return LevelResult(
         concurrency=concurrency,
         requests=len(flat),
-        rejected=sum(rejected),
+        rejected=sum(caller.rejected for caller in callers),
         errors=len(failures),
         seconds=round(elapsed, 3),
         throughput=len(flat) * samples / elapsed,
@@ -158,15 +133,119 @@ def run_level(
         queue_ms=delta["queue_ms"],
         compute_ms=delta["compute_ms"],
         mean_batch=delta["mean_batch"],
+        client_cpu_ms=cpu * 1e3 / answered if answered else 0.0,
         first_error=failures[0] if failures else None,
     )
 
 
-def rejected_by_full_queue(error: Exception) -> bool:
-    """Triton's 503 for a full queue, as tritonclient raises it (the status as a method)."""
-    status = getattr(error, "status", None)
-    code = status() if callable(status) else None
-    return str(code) == "503" and classify(503, str(error)) == "rejected"
+@dataclass
+class Caller:
+    """What one closed-loop caller saw."""
+
+    latencies: list[float] = field(default_factory=list)  # seconds, successful answers
+    rejected: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One V2 inference request with binary tensors, encoded once as the bytes of an HTTP/1.1 POST, and the
+    least work that reads an answer: the status line, the length, the body (kept only when it is an error)."""
+
+    host: str
+    port: int
+    request: bytes
+
+    @classmethod
+    def for_model(cls, url: str, info: ModelInfo, data: list[tuple[TensorInfo, np.ndarray]]) -> Exchange:
+        from inferop.openloop import encode_request
+
+        host, _, port = url.rpartition(":")
+        if not host or not port.isdigit():
+            raise InferError(f"--url {url!r}: expected host:port, like 127.0.0.1:8000")
+        body, headers = encode_request({tensor.name: array for tensor, array in data}, info.outputs)
+        head = [f"POST /v2/models/{info.name}/infer HTTP/1.1", f"Host: {url}", f"Content-Length: {len(body)}"]
+        head += [f"{name}: {value}" for name, value in headers.items()]
+        return cls(host, int(port), ("\r\n".join(head) + "\r\n\r\n").encode() + body)
+
+    async def closed_loop(self, concurrency: int, seconds: float, timeout: float) -> tuple[list[Caller], float]:
+        """Every caller sends, waits for the answer and sends again until `seconds` have passed; returns what
+        each saw and the seconds from the first send to the last answer."""
+        loop = asyncio.get_running_loop()
+        callers = [Caller() for _ in range(concurrency)]
+        connections = [await self.connect(timeout) for _ in range(concurrency)]
+        began = loop.time()
+        stop_at = began + seconds
+        await asyncio.gather(
+            *(
+                self.call_until(stop_at, timeout, c, connection)
+                for c, connection in zip(callers, connections, strict=True)
+            )
+        )
+        return callers, loop.time() - began
+
+    async def connect(self, timeout: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | OSError:
+        try:
+            return await asyncio.wait_for(asyncio.open_connection(self.host, self.port), timeout)
+        except (OSError, asyncio.TimeoutError) as error:
+            return OSError(f"cannot connect to {self.host}:{self.port}: {error or type(error).__name__}")
+
+    async def call_until(
+        self,
+        stop_at: float,
+        timeout: float,
+        caller: Caller,
+        connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | OSError,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        while loop.time() < stop_at:
+            if isinstance(connection, OSError):
+                caller.errors.append(str(connection)[:200])
+                return
+            reader, writer = connection
+            begin = time.perf_counter()
+            try:
+                async with asyncio.timeout(timeout):
+                    writer.write(self.request)
+                    status, body = await read_answer(reader)
+            except (
+                OSError,
+                EOFError,
+                ValueError,
+                TimeoutError,
+                asyncio.LimitOverrunError,
+            ) as error:  # counted, then a new connection
+                said = f"no answer within {timeout:g} s" if isinstance(error, TimeoutError) else str(error)
+                caller.errors.append(f"{type(error).__name__}: {said}"[:200])
+                writer.close()
+                connection = await self.connect(timeout)
+                continue
+            if status == 200:
+                caller.latencies.append(time.perf_counter() - begin)
+            elif classify(status, message := body.decode(errors="replace")) == "rejected":
+                caller.rejected += 1
+            else:
+                caller.errors.append(f"{status} {message}"[:200])
+        if not isinstance(connection, OSError):
+            connection[1].close()
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """The status and body of one HTTP/1.1 answer (Content-Length or chunked, as Triton or a gateway sends)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+        raise ValueError(f"not an HTTP answer: {lines[0][:80]!r}")
+    fields = dict(line.split(b":", 1) for line in lines[1:] if b":" in line)
+    fields = {name.strip().lower(): value.strip() for name, value in fields.items()}
+    if fields.get(b"transfer-encoding", b"").lower() == b"chunked":
+        chunks = []
+        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+            chunks.append(await reader.readexactly(size + 2))
+        await reader.readuntil(b"\r\n")  # the trailer's end
+        return int(parts[1]), b"".join(chunk[:-2] for chunk in chunks)
+    return int(parts[1]), await reader.readexactly(int(fields.get(b"content-length", b"0")))
 
 
 def served_queue_bound(url: str, model: str, timeout: float = 60.0) -> int | None:
@@ -193,11 +272,11 @@ def sweep(
 def format_table(model: str, batch: int, results: list[LevelResult]) -> str:
     header = f"{model} (batch {batch} per request)\n" + (
         f"{'conc':>5} {'samples/s':>10} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'rejected':>8} {'errors':>6} "
-        f"{'queue ms':>9} {'compute ms':>10} {'batch':>6}"
+        f"{'queue ms':>9} {'compute ms':>10} {'batch':>6} {'client CPU ms':>13}"
     )
     rows = [
         f"{r.concurrency:>5} {r.throughput:>10.1f} {r.p50_ms:>8.1f} {r.p90_ms:>8.1f} {r.p99_ms:>8.1f} {r.rejected:>8} "
-        f"{r.errors:>6} {r.queue_ms:>9.1f} {r.compute_ms:>10.1f} {r.mean_batch:>6.2f}"
+        f"{r.errors:>6} {r.queue_ms:>9.1f} {r.compute_ms:>10.1f} {r.mean_batch:>6.2f} {r.client_cpu_ms:>13.3f}"
         for r in results
     ]
     notes = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import subprocess
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inferop.bench import LevelResult, build_figure, format_table, percentiles, rejected_by_full_queue, statistics_delta
+from inferop.bench import LevelResult, build_figure, format_table, percentiles, read_answer, statistics_delta
 from inferop.client import (
     BOARD_CAVEAT,
     LABELS_CAVEAT,
@@ -278,18 +279,55 @@ class TestRejections:
     """A full queue's 503 is the bound at work: counted apart from errors, and said so where it happened."""
 
     @pytest.mark.parametrize(
-        ("message", "status", "rejected"),
+        ("answer", "status", "body"),
         [
-            ("[request id: <id_unknown>] Exceeds maximum queue size", "503", True),
-            ("Request timeout expired", "503", False),
-            ("Exceeds maximum queue size", "400", False),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 5\r\n\r\nhello",
+                200,
+                b"hello",
+            ),
+            (
+                b'HTTP/1.1 503 Service Unavailable\r\ncontent-length: 19\r\n\r\n{"error":"timeout"}',
+                503,
+                b'{"error":"timeout"}',
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n",
+                200,
+                b"abcde",
+            ),
+            (b"HTTP/1.1 204 No Content\r\n\r\n", 204, b""),
         ],
     )
-    def test_only_a_full_queue_s_503_is_a_rejection(self, message: str, status: str, rejected: bool) -> None:
-        from tritonclient.utils import InferenceServerException
+    def test_an_answer_is_read_to_its_end_and_no_further(self, answer: bytes, status: int, body: bytes) -> None:
+        async def read() -> tuple[tuple[int, bytes], bytes]:
+            reader = asyncio.StreamReader()
+            reader.feed_data(answer + b"HTTP/1.1 next")
+            reader.feed_eof()
+            return await read_answer(reader), await reader.read()
 
-        assert rejected_by_full_queue(InferenceServerException(msg=message, status=status)) is rejected
-        assert not rejected_by_full_queue(ConnectionResetError(message))
+        assert asyncio.run(read()) == ((status, body), b"HTTP/1.1 next")
+
+    @pytest.mark.parametrize("answer", [b"SSH-2.0-OpenSSH\r\n\r\n", b"HTTP/1.1 OK\r\n\r\n"])
+    def test_what_is_not_http_is_an_error_that_quotes_it(self, answer: bytes) -> None:
+        async def read() -> tuple[int, bytes]:
+            reader = asyncio.StreamReader()
+            reader.feed_data(answer)
+            reader.feed_eof()
+            return await read_answer(reader)
+
+        with pytest.raises(ValueError, match="not an HTTP answer"):
+            asyncio.run(read())
+
+    def test_a_cut_answer_is_an_error(self) -> None:
+        async def read() -> tuple[int, bytes]:
+            reader = asyncio.StreamReader()
+            reader.feed_data(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
+            reader.feed_eof()
+            return await read_answer(reader)
+
+        with pytest.raises(asyncio.IncompleteReadError):
+            asyncio.run(read())
 
     def test_the_table_says_what_a_rejection_is(self) -> None:
         assert "by design" not in format_table("m", 1, [level(1, 10.0, 5.0)])

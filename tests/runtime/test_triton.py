@@ -378,3 +378,34 @@ class TestInferCommand:
         assert lines[-1] == (
             "weights: random (seed 0); policy and value show the pipeline working, not playing strength"
         )
+
+
+class TestBenchCommand:
+    def test_every_answer_is_counted_as_triton_counted_it(self, triton: RunningServer, client: Any) -> None:
+        from inferop import bench
+
+        before = model_stats(client, "conv_net")["inference_stats"]["success"]["count"]
+        (level,) = bench.sweep(triton.url, "conv_net", [4], seconds=2.0, batch=1)
+        after = model_stats(client, "conv_net")["inference_stats"]["success"]["count"]
+        assert (level.errors, level.rejected, level.first_error) == (0, 0, None)
+        assert level.requests == int(after) - int(before) > 0
+        assert level.throughput == pytest.approx(level.requests / level.seconds, rel=1e-3)  # seconds in ms
+        assert 0 < level.p50_ms <= level.p99_ms
+        assert level.mean_batch > 1  # four callers at once meet in the dynamic batcher
+        assert 0 < level.client_cpu_ms < level.p50_ms
+
+    def test_a_full_queue_s_answers_are_rejections_not_errors(self, triton: RunningServer) -> None:
+        """More callers than the queue bound and the executing batch hold: Triton answers the rest 503 at once."""
+        bound = SERVING["conv_net"]["batching"]["maxQueueSize"]
+        (level,) = bench_command(triton, "--concurrency", str(4 * bound), "--seconds", "2", "--json")["levels"]
+        assert level["rejected"] > 0 and level["requests"] > 0
+        assert (level["errors"], level["first_error"]) == (0, None)
+
+
+def bench_command(triton: RunningServer, *args: str) -> dict[str, Any]:
+    """`inferop bench` against the server's conv net, as a user runs it, with --json."""
+    command = [str(INFEROP), "bench", "--url", triton.url, "--model", "conv_net", *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    figures: dict[str, Any] = json.loads(result.stdout)
+    return figures
