@@ -3,6 +3,9 @@
 Every instance of a model owns its own intra-op and inter-op thread pools. Copies that each size their
 pools to the whole machine oversubscribe the CPUs and inference slows to a crawl, so thread counts are
 derived from the CPU budget and a plan that exceeds it is refused.
+
+The instance count is derived too where it is not set: two where the budget holds two instances' threads, so that
+Triton's dynamic batcher is never left with one busy instance and nothing to wake it (`derived_instances`).
 """
 
 from __future__ import annotations
@@ -47,11 +50,30 @@ class ThreadPlan:
         )
 
 
-def plan_threads(cpus: float, instances: int, intra_op: int | None = None, inter_op: int | None = None) -> ThreadPlan:
-    """Fill unset thread counts from the budget: inter-op = 1, intra-op = max(1, floor(CPUs / instances) less
-    the inter-op pool's extra threads)."""
+def derived_instances(cpus: float, intra_op: int | None = None, inter_op: int | None = None) -> int:
+    """Two instances where the whole CPUs hold both instances' threads (as set, else one each), else one.
+
+    With a bounded queue or a request timeout (every config inferop renders), Triton's dynamic batcher hands a
+    batch only to an instance already waiting for one, and an instance that comes back for work wakes nobody
+    (`src/dynamic_batch_scheduler.cc`, `src/rate_limiter.cc` in Triton's core): when every caller has sent again
+    before the one instance is back, the batch waits for the batcher's 500 ms timer. With two instances the other
+    one's return or dequeue wakes it within a batch. Below two CPUs two instances would be two threads on one CPU, so
+    one stays, under SCHED_BATCH, which makes the stall rare there but not absent on a node of several cores
+    (docs/concepts/operator.md has the figures).
+    """
+    per_instance = (intra_op or 1) + (inter_op or 1) - 1
+    return 2 if math.floor(cpus) >= 2 * per_instance else 1
+
+
+def plan_threads(
+    cpus: float, instances: int | None, intra_op: int | None = None, inter_op: int | None = None
+) -> ThreadPlan:
+    """Fill unset counts from the budget: instances as `derived_instances`, inter-op = 1, intra-op =
+    max(1, floor(CPUs / instances) less the inter-op pool's extra threads)."""
     if cpus <= 0:
         raise ValueError(f"cpus must be > 0, got {cpus}")
+    if instances is None:
+        instances = derived_instances(cpus, intra_op, inter_op)
     if instances < 1:
         raise ValueError(f"instances must be >= 1, got {instances}")
     inter = inter_op or 1

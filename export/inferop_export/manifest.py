@@ -22,12 +22,13 @@ SPELLED_OUT = {"model", "replicas", "instances", "threads", "batching", "timeout
 
 
 def build_manifest(spec: InferenceServiceSpec, name: str | None = None, cpus: str | None = None) -> dict[str, Any]:
-    """The InferenceService for an exported model: `spec` with the threads it was exported with pinned, `cpus` or
-    else as many CPUs as those threads use, a memory limit from the operator's peak estimate, and the GPU the spec
-    was exported for (its gpu.memory is then what the estimate is held against)."""
+    """The InferenceService for an exported model: `spec` with the instances and threads it was exported with pinned,
+    `cpus` or else as many CPUs as those threads use, a memory limit from the operator's peak estimate, and the GPU
+    the spec was exported for (its gpu.memory is then what the estimate is held against)."""
     threads = plan_service(spec).threads
     spelled_out = spec.model_dump(by_alias=True, exclude_none=True, include=SPELLED_OUT)
-    fields = {"model": spelled_out.pop("model"), **spelled_out}  # what is served first, as a reader looks for it
+    spelled_out.pop("instances", None)  # as planned, derived or not: the manifest says what is served
+    fields = {"model": spelled_out.pop("model"), "instances": threads.instances, **spelled_out}  # what is served first
     fields |= spec.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, exclude=SPELLED_OUT | {"resources"})
     fields["threads"] |= {"intraOp": threads.intra_op, "interOp": threads.inter_op}
     cpus = cpus or str(threads.threads)

@@ -73,8 +73,9 @@ def thread_layouts(cpus: float) -> tuple[Layout, ...]:
 
 
 def default_layout(cpus: float) -> Layout:
-    """What the operator derives when nothing is set: one instance with every CPU as intra-op threads."""
-    plan = plan_threads(cpus, 1)
+    """What the operator derives when nothing is set: two instances where the CPUs hold both, the CPUs' threads
+    shared between them (inferop_core.threads.derived_instances)."""
+    plan = plan_threads(cpus, None)
     return Layout(plan.instances, plan.intra_op, plan.inter_op)
 
 

@@ -391,7 +391,10 @@ def stall_check(service: Service) -> liveness.StallCheck:
     """The liveness check's timing for this service: from its request timeout and its pod's capacity."""
     spec = service.spec
     return liveness.stall_check(
-        spec.timeouts.request_seconds, service.plan.queue.capacity, spec.instances, spec.batching.samples_per_batch
+        spec.timeouts.request_seconds,
+        service.plan.queue.capacity,
+        service.plan.threads.instances,
+        spec.batching.samples_per_batch,
     )
 
 
@@ -709,7 +712,7 @@ def build_admission_policy(service: Service, api_version: str) -> dict[str, Any]
     if service.candidate is not None:
         tracks.append((service.candidate, service.routing.candidate_replicas))
     admitted = sum(
-        gateway_admission(pods, track.spec.instances, track.spec.batching.max_batch_size, track.plan.queue.size)
+        gateway_admission(pods, track.plan.threads.instances, track.spec.batching.max_batch_size, track.plan.queue.size)
         for track, pods in tracks
     )
     # Requests wait for a connection only while it opens: as many may as the pods hold.

@@ -122,11 +122,27 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
     if threads.oversubscribed:
         warnings.append(f"oversubscription allowed by threads.allowOversubscription: {threads.explain()}")
 
+    costs = runtime_costs(spec, runtime)
+    memory = memory_fit(spec, costs)
+    if not memory.fits and spec.instances is None and threads.instances > 1:
+        # Derived, not asked for: one instance that fits serves, where two would be refused.
+        one = spec.model_copy(update={"instances": 1})
+        if (alone := memory_fit(one, costs)).fits:
+            spec, memory = one, alone
+            threads = plan_threads(cpus, 1, spec.threads.intra_op, spec.threads.inter_op)
+            warnings.append(
+                f"one instance: {memory.explain()}, and two would not fit; with one instance on several CPUs "
+                "Triton's dynamic batcher can hold a batch for 500 ms: raise resources.limits.memory for two"
+            )
+    if spec.instances == 1 and threads.cpu_slots >= 2:
+        warnings.append(
+            f"instances: 1 on {threads.cpu_slots} CPUs: Triton's dynamic batcher hands a batch only to an instance "
+            "waiting for one, so when every caller has sent again before the one instance is back, the batch waits "
+            "for the batcher's 500 ms timer; leave instances unset (2 here) or set 2"
+        )
     queue = queue_bound(spec, threads)
     if queue.source == "unknown capacity":
         warnings.append(queue.explain(spec.timeouts.request_seconds))
-    costs = runtime_costs(spec, runtime)
-    memory = memory_fit(spec, costs)
     if not memory.fits:
         fixes = []
         if memory.max_batch_size:
@@ -155,7 +171,7 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
             "the digest inferop export records, so that a changed or half-written object is refused"
         )
 
-    serving = spec.serving_config(threads, queue.size, gpu_memory_limit(spec, memory, costs))
+    serving = spec.serving_config(threads, queue.size, gpu_memory_limit(spec, threads.instances, memory, costs))
     return Plan(serving=serving, threads=threads, cpu_source=cpu_source, queue=queue, memory=memory, warnings=warnings)
 
 
@@ -181,7 +197,7 @@ def check_routing(spec: InferenceServiceSpec, gateway: GatewayRef | None, served
         )
 
 
-def gpu_memory_limit(spec: InferenceServiceSpec, memory: MemoryFit, costs: RuntimeCosts) -> int | None:
+def gpu_memory_limit(spec: InferenceServiceSpec, instances: int, memory: MemoryFit, costs: RuntimeCosts) -> int | None:
     """Each GPU instance's share of the device (the backend's gpu_mem_limit): gpu.memory less the runtime's
     baseline, split between the instances, so that together they can never take more than the device has;
     without gpu.memory, one instance's estimate with the margin. An allocation beyond it fails that request
@@ -189,7 +205,7 @@ def gpu_memory_limit(spec: InferenceServiceSpec, memory: MemoryFit, costs: Runti
     if not spec.uses_gpu:
         return None
     if memory.available_bytes is not None:
-        return math.floor((memory.available_bytes - memory.estimate.baseline) / spec.instances)
+        return math.floor((memory.available_bytes - memory.estimate.baseline) / instances)
     peak = instance_device_bytes(model_costs(spec), spec.batching.samples_per_batch, costs)
     return math.ceil(peak * MEMORY_MARGIN)
 
@@ -207,7 +223,7 @@ def queue_bound(spec: InferenceServiceSpec, threads: ThreadPlan) -> QueueBound:
     return derive_queue_bound(
         pod_capacity(spec.model.profile.samples_per_cpu_second, threads),
         spec.timeouts.request_seconds,
-        spec.instances,
+        threads.instances,
         spec.batching.samples_per_batch,
         requested=spec.batching.max_queue_size,
     )
@@ -227,7 +243,7 @@ def estimate_peak(spec: InferenceServiceSpec, costs: RuntimeCosts) -> MemoryEsti
     """The pod's peak with its queue full, for `spec` as it stands (threads and queue bound re-derived)."""
     cpus, _ = cpu_budget(spec)
     threads = plan_threads(cpus, spec.instances, spec.threads.intra_op, spec.threads.inter_op)
-    shape = ServingShape(spec.instances, spec.batching.samples_per_batch, queue_bound(spec, threads).size)
+    shape = ServingShape(threads.instances, spec.batching.samples_per_batch, queue_bound(spec, threads).size)
     return estimate_memory(model_costs(spec), shape, costs)
 
 
@@ -268,7 +284,10 @@ def memory_fit(spec: InferenceServiceSpec, costs: RuntimeCosts) -> MemoryFit:
         return (needed_limit_bytes(peak) if margin else peak) <= available
 
     max_batch = next((b for b in range(spec.batching.max_batch_size - 1, 0, -1) if fits(max_batch_size=b)), None)
-    max_instances = next((n for n in range(spec.instances - 1, 0, -1) if fits(instances=n)), None)
+    instances = plan_threads(
+        cpu_budget(spec)[0], spec.instances, spec.threads.intra_op, spec.threads.inter_op
+    ).instances
+    max_instances = next((n for n in range(instances - 1, 0, -1) if fits(instances=n)), None)
     return MemoryFit(estimate, available, against, max_batch, max_instances, margin)
 
 

@@ -741,7 +741,15 @@ class Serving(Section):
     """How one model is served in one pod: the settings `inferop export` writes into config.pbtxt and its
     manifest, and the operator into the pod's config. Their defaults live here and nowhere else."""
 
-    instances: int = Field(default=1, ge=1, le=256, description="Triton model instances per pod.")
+    instances: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description=(
+            "Triton model instances per pod. Unset: 2 where the CPU budget holds both instances' threads, else 1; "
+            "one instance on several CPUs lets Triton's dynamic batcher hold a batch for 500 ms."
+        ),
+    )
     threads: Threads = Field(default_factory=Threads, description="ONNX Runtime threads per instance.")
     batching: Batching = Field(default_factory=Batching, description="Dynamic batching.")
     timeouts: Timeouts = Field(default_factory=Timeouts, description="Request and start-up timeouts.")
@@ -788,7 +796,7 @@ class InferenceServiceSpec(Serving):
             inputs=tuple(t.as_tensor_spec() for t in self.model.inputs),
             outputs=tuple(t.as_tensor_spec() for t in self.model.outputs),
             max_batch_size=self.batching.max_batch_size,
-            instances=self.instances,
+            instances=threads.instances,
             device="gpu" if self.uses_gpu else "cpu",
             max_queue_delay_microseconds=self.batching.max_queue_delay_microseconds,
             max_queue_size=queue_size,

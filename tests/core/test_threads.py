@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferop_core.threads import OversubscribedError, check_budget, plan_threads
+from inferop_core.threads import OversubscribedError, check_budget, derived_instances, plan_threads
 
 
 class TestPlanThreads:
@@ -22,6 +22,18 @@ class TestPlanThreads:
     def test_default_intra_op_is_floor_of_cpus_per_instance(self, cpus: float, instances: int, intra_op: int) -> None:
         plan = plan_threads(cpus, instances)
         assert (plan.intra_op, plan.inter_op) == (intra_op, 1)
+
+    @pytest.mark.parametrize(
+        ("cpus", "intra_op", "inter_op", "instances"),
+        [(1, None, None, 1), (1.9, None, None, 1), (2, None, None, 2), (16, None, None, 2), (3, 2, None, 1),
+         (4, 2, None, 2), (4, None, 3, 1), (6, 2, 2, 2)],
+    )  # fmt: skip
+    def test_unset_instances_are_two_where_the_whole_cpus_hold_both(
+        self, cpus: float, intra_op: int | None, inter_op: int | None, instances: int
+    ) -> None:
+        assert derived_instances(cpus, intra_op, inter_op) == instances
+        plan = plan_threads(cpus, None, intra_op, inter_op)
+        assert plan.instances == instances and not plan.oversubscribed
 
     def test_explicit_counts_are_kept(self) -> None:
         plan = plan_threads(16, 2, intra_op=3, inter_op=2)

@@ -82,9 +82,9 @@ class TestGrid:
         assert Layout(4, 1, 1) in thread_layouts(4) and Layout(2, 2, 1) in thread_layouts(4.5)
 
     def test_the_climb_starts_at_the_operators_default_and_the_nearest_grid_values(self) -> None:
-        assert default_layout(4) == Layout(1, 4, 1)
+        assert (default_layout(1), default_layout(4)) == (Layout(1, 1, 1), Layout(2, 2, 1))
         start = grid(4).start(max_batch_size=12, max_queue_delay_us=2000)
-        assert start == Settings(Layout(1, 4, 1), 8, 1000)
+        assert start == Settings(Layout(2, 2, 1), 8, 1000)
 
     def test_neighbours_step_one_setting_or_move_threads_between_instances(self) -> None:
         g = grid(4)

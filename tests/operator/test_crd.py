@@ -249,7 +249,6 @@ class TestSchema:
             ("spec.autoscaling.minReplicas", 1),
             ("spec.autoscaling.metric", "cpu"),
             ("spec.replicas", 1),
-            ("spec.instances", 1),
             ("spec.model.inputs[].datatype", "FP32"),
         ],
     )

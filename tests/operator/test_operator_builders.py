@@ -257,8 +257,8 @@ class TestDeployment:
             {"batching": {"maxBatchSize": 16}},
             {"batching": {"maxQueueSize": 10}},
             {"timeouts": {"requestSeconds": 3}},
-            {"threads": {"intraOp": 1}},
-            {"instances": 2},
+            {"threads": {"intraOp": 2}},
+            {"instances": 1},
         ],
     )
     def test_config_hash_changes_with_the_rendered_config(self, change: dict[str, Any]) -> None:
@@ -589,7 +589,7 @@ class TestConfigMap:
         assert config.platform == "onnxruntime_onnx"
         assert config.max_batch_size == spec.batching.max_batch_size
         (group,) = config.instance_group
-        assert group.count == spec.instances
+        assert group.count == service.plan.threads.instances and spec.instances in (None, group.count)
         assert group.kind == (mc.ModelInstanceGroup.KIND_GPU if spec.uses_gpu else mc.ModelInstanceGroup.KIND_CPU)
         policy = config.dynamic_batching.default_queue_policy
         assert policy.default_timeout_microseconds == round(spec.timeouts.request_seconds * 1e6)
@@ -873,7 +873,7 @@ GATEWAY = GatewayRef(name="public", namespace="edge", section_name="http", hostn
 
 def rolling(traffic: Traffic, phase: str = "Progressing", split: str = "gateway", **sections: Any) -> Service:
     """conv-net serving one instance, with a candidate of two at `phase` and `traffic`."""
-    stable = make_service(raw_spec(rollout=ROLLOUT, **sections))
+    stable = make_service(raw_spec(rollout=ROLLOUT, instances=1, **sections))
     candidate_spec = parse_spec(raw_spec(rollout=ROLLOUT, instances=2, **sections))
     state = RolloutStatus(
         phase=phase, weight=traffic.weight, mirror_percent=traffic.mirror_percent, header=traffic.header

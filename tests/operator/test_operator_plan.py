@@ -132,6 +132,54 @@ class TestThreads:
         result = plan(raw_spec(capacity=1000.0, resources={"limits": {"cpu": "2", "memory": "1Gi"}}))
         assert result.warnings == []
 
+    @pytest.mark.parametrize(
+        ("resources", "threads", "instances", "intra_op"),
+        [
+            ({"limits": {"cpu": "2"}}, {}, 2, 1),
+            ({"limits": {"cpu": "4"}}, {}, 2, 2),
+            ({"limits": {"cpu": "3"}}, {}, 2, 1),
+            ({"limits": {"cpu": "1999m"}}, {}, 1, 1),  # one whole CPU: two instances would take turns on it
+            ({"requests": {"cpu": "2"}}, {}, 2, 1),
+            ({}, {}, 1, 1),
+            ({"limits": {"cpu": "2"}}, {"intraOp": 2}, 1, 2),  # two instances of two threads would oversubscribe
+            ({"limits": {"cpu": "4"}}, {"intraOp": 2}, 2, 2),
+            ({"limits": {"cpu": "4"}}, {"interOp": 2}, 2, 1),
+        ],
+    )
+    def test_unset_instances_are_two_where_the_cpus_hold_both(
+        self, resources: dict[str, Any], threads: dict[str, int], instances: int, intra_op: int
+    ) -> None:
+        result = plan(raw_spec(capacity=1000.0, resources=resources, threads=threads))
+        assert (result.threads.instances, result.threads.intra_op) == (instances, intra_op)
+        assert result.serving.instances == instances
+        assert not result.threads.oversubscribed
+        assert not any("instances: 1" in w for w in result.warnings)
+
+    def test_one_instance_set_on_several_cpus_is_warned_of(self) -> None:
+        result = plan(raw_spec(capacity=1000.0, instances=1, resources={"limits": {"cpu": "2"}}))
+        assert result.threads.instances == 1
+        (warning,) = [w for w in result.warnings if w.startswith("instances: 1 on 2 CPUs")]
+        assert "500 ms" in warning and "leave instances unset (2 here)" in warning
+        alone = plan(raw_spec(capacity=1000.0, instances=1, resources={"limits": {"cpu": "1"}}))
+        assert not any(w.startswith("instances: 1") for w in alone.warnings)
+
+    def test_unset_instances_are_one_where_two_do_not_fit_in_memory(self) -> None:
+        """A limit that holds one instance's peak but not two: served by one, with the reason, never refused."""
+        big = {"weight_bytes": 300 * MI, "activation_bytes": MI}
+        one = plan(raw_spec(**big, instances=1, resources={"limits": {"cpu": "2", "memory": "8Gi"}}))
+        two = plan(raw_spec(**big, instances=2, resources={"limits": {"cpu": "2", "memory": "8Gi"}}))
+        between = memory_limit(one.memory.required_bytes)
+        assert parse_quantity(between) < two.memory.needed_bytes
+        result = plan(raw_spec(**big, resources={"limits": {"cpu": "2", "memory": between}}))
+        assert (result.threads.instances, result.threads.intra_op, result.serving.instances) == (1, 2, 1)
+        assert result.memory.required_bytes == one.memory.required_bytes
+        (warning,) = [w for w in result.warnings if w.startswith("one instance:")]
+        assert "two would not fit" in warning and "resources.limits.memory" in warning
+        with pytest.raises(Refusal, match="instances <= 1"):
+            plan_service(
+                parse_spec(raw_spec(**big, instances=2, resources={"limits": {"cpu": "2", "memory": between}}))
+            )
+
     def test_explicit_counts_are_kept(self) -> None:
         result = plan(raw_spec(resources={"limits": {"cpu": "8"}}, instances=2, threads={"intraOp": 3, "interOp": 2}))
         assert (result.threads.intra_op, result.threads.inter_op) == (3, 2)

@@ -112,7 +112,7 @@ class TestRevisions:
         stable = spec_of()
         state = decide(stable, revision_of(stable, IMAGE), None, "gateway", T0)
         served = stable_spec(spec_of(instances=3, replicas=4), state)
-        assert (served.instances, served.replicas) == (1, 4)
+        assert (served.instances, served.replicas) == (None, 4)  # unset in the stable spec
         assert served_fields(served) == served_fields(stable)
 
 
@@ -134,13 +134,13 @@ class TestDecide:
         assert (state.candidate, state.weight, state.mirror_percent, state.header) == (
             revision_of(candidate, IMAGE), 0, 0, False,
         )  # fmt: skip
-        assert stable_spec(candidate, state).instances == 1
+        assert stable_spec(candidate, state).instances is None
 
     def test_the_spec_before_the_change_is_stable_when_the_status_kept_none(self) -> None:
         before, after = parse_spec(raw_spec()), spec_of(instances=2)
         state = decide(after, revision_of(after, IMAGE), None, "gateway", T0, (before, revision_of(before, IMAGE)))
         assert state.phase == "Agreement" and state.stable == revision_of(before, IMAGE)
-        assert stable_spec(after, state).instances == 1
+        assert stable_spec(after, state).instances is None
 
     def test_the_same_candidate_again_changes_nothing(self) -> None:
         candidate, state = started()

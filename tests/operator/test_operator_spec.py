@@ -29,7 +29,7 @@ class TestDefaults:
     def test_minimal_spec_is_filled_in(self) -> None:
         spec = parse_spec(raw_spec())
         assert spec.replicas == 1
-        assert spec.instances == 1
+        assert spec.instances is None  # derived by the plan from the CPU budget
         assert spec.runtime.image is None
         assert (spec.resources.requests, spec.resources.limits) == ({}, {})
         assert (spec.threads.intra_op, spec.threads.inter_op, spec.threads.allow_oversubscription) == (

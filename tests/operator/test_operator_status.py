@@ -551,7 +551,7 @@ class TestWarningsOnChange:
         assert new_warnings(limited, unlimited) == ["memory fit not checked: resources.limits.memory is not set"]
         # A warning that stops holding is dropped; the ones still holding were posted already.
         assumed = deployed_status(make_service(resources={}, instances=1), deployment(), 3, unlimited)
-        fixed = deployed_status(make_service(resources={"limits": {"cpu": "4"}}, instances=1), deployment(), 4, assumed)
+        fixed = deployed_status(make_service(resources={"limits": {"cpu": "1"}}, instances=1), deployment(), 4, assumed)
         assert new_warnings(assumed, fixed) == []
         assert not any(w.startswith("no CPU limit") for w in fixed.warnings or [])
 

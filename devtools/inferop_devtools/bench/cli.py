@@ -12,6 +12,11 @@ Operator: time from `kubectl apply` to the Deployment existing (p50 of 20), time
 applied at once to converge, and the operator's peak resident memory.
 Clients: NVIDIA's perf_analyzer against `inferop bench` on the same server (both networks, 1, 4 and 16 callers):
 throughput, p50, p99, client CPU a request, and the answers in the band of the batcher's 500 ms timer.
+Stall: perf_analyzer at 16 callers against both networks as the operator renders them for 1 and 2 CPUs, under that
+quota, idle and beside a CPU-bound process: p99 against p50 and the answers in that band, with the one-instance
+rendering as the ablation.
+Capacity: the export's capacity measure three times idle and three times beside busy processes, and the same timed by
+the clock (the ablation).
 
 Exits 1 when a part fails or a target is missed, and says which.
 """
@@ -39,14 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-tune", action="store_true")
     parser.add_argument("--skip-operator", action="store_true")
     parser.add_argument("--skip-clients", action="store_true")
+    parser.add_argument("--skip-stall", action="store_true")
+    parser.add_argument("--skip-capacity", action="store_true")
     parser.add_argument("--json", type=Path, default=repo_root() / "out" / "bench.json", help="write the figures here")
     args = parser.parse_args(argv)
 
     from inferop.serving.gpu import local_gpu
+    from inferop_devtools.bench.capacity import capacity_bench
     from inferop_devtools.bench.clients import clients_bench
     from inferop_devtools.bench.gpu import gpu_bench
     from inferop_devtools.bench.operator import operator_bench
     from inferop_devtools.bench.serving import serving_bench
+    from inferop_devtools.bench.stall import stall_bench
     from inferop_devtools.bench.tune import tune_bench
 
     sections: dict[str, Callable[[], dict[str, Any]]] = {
@@ -55,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         "tune": tune_bench,
         "operator": lambda: operator_bench(args.services, args.samples),
         "clients": lambda: clients_bench(args.seconds),
+        "stall": lambda: stall_bench(args.seconds),
+        "capacity": capacity_bench,
     }
     results: dict[str, Any] = {}
     failed: dict[str, str] = {}

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from inferop_devtools.bench.capacity import capacity_lines, capacity_targets
 from inferop_devtools.bench.clients import clients_lines, clients_targets
 from inferop_devtools.bench.operator import operator_targets
 from inferop_devtools.bench.serving import TUNED_CONCURRENCY, serving_targets
+from inferop_devtools.bench.stall import stall_lines, stall_targets
 from inferop_devtools.bench.targets import Target
 from inferop_devtools.bench.tune import tune_targets
 
@@ -17,6 +19,8 @@ TARGETS: dict[str, Callable[[dict[str, Any]], list[Target]]] = {
     "tune": tune_targets,
     "operator": operator_targets,
     "clients": clients_targets,
+    "stall": stall_targets,
+    "capacity": capacity_targets,
 }
 
 
@@ -124,6 +128,10 @@ def report_lines(results: dict[str, Any]) -> list[str]:
         ]
     if "clients" in results:
         lines += clients_lines(results["clients"])
+    if "stall" in results:
+        lines += stall_lines(results["stall"])
+    if "capacity" in results:
+        lines += capacity_lines(results["capacity"])
     return lines
 
 

@@ -89,13 +89,15 @@ def exported_spec(network: str) -> dict[str, Any]:
 def pod_spec(
     network: str, cpus: float, memory: int | None = None, changes: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The exported spec with a pod's limits and the given top-level or `section.field` changes."""
+    """The exported spec with a pod's limits, its instances and threads derived for them, and the given top-level or
+    `section.field` changes."""
     spec = json.loads(json.dumps(exported_spec(network)))
     limits: dict[str, Any] = {"cpu": f"{cpus:g}"}
     if memory is not None:
         limits["memory"] = f"{math.ceil(memory / MiB)}Mi"
     spec["resources"] = {"limits": limits}
     spec["threads"] = {}
+    spec.pop("instances", None)  # derived for these limits, as threads are
     spec.pop("replicas", None)
     for key, value in (changes or {}).items():
         section, _, field = key.partition(".")
