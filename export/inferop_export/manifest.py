@@ -22,9 +22,13 @@ SPELLED_OUT = {"model", "replicas", "instances", "threads", "batching", "timeout
 
 
 def build_manifest(spec: InferenceServiceSpec, name: str | None = None, cpus: str | None = None) -> dict[str, Any]:
-    """The InferenceService for an exported model: `spec` with the instances and threads it was exported with pinned,
-    `cpus` or else as many CPUs as those threads use, a memory limit from the operator's peak estimate, and the GPU
-    the spec was exported for (its gpu.memory is then what the estimate is held against)."""
+    """The InferenceService for an exported model: `spec` with its instances and threads pinned as planned for `cpus`
+    (else for the CPUs it was exported with), `cpus` or else as many CPUs as those threads use, a memory limit from
+    the operator's peak estimate, and the GPU the spec was exported for (its gpu.memory is then what the estimate is
+    held against)."""
+    if cpus is not None:  # instances and threads planned for the CPUs the manifest will ask for
+        limits = {**spec.resources.limits, "cpu": cpus}
+        spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"limits": limits})})
     threads = plan_service(spec).threads
     spelled_out = spec.model_dump(by_alias=True, exclude_none=True, include=SPELLED_OUT)
     spelled_out.pop("instances", None)  # as planned, derived or not: the manifest says what is served

@@ -221,3 +221,11 @@ class TestWriteManifest:
         loaded: dict[str, Any] = yaml.safe_load(text)
         assert loaded == build_manifest(CONV_NET)
         assert plan_service(parse_spec(loaded["spec"])).serving == plan_service(CONV_NET).serving
+
+
+def test_instances_are_planned_for_the_cpus_the_manifest_asks_for() -> None:
+    """Exported on 2 CPUs (two instances derived), asked for 1: one instance, or the operator would refuse it."""
+    spec = exported("conv_net", "hostpath:///models/conv_net", [BOARD], [POLICY, VALUE], CONV_NET_PROFILE, cpus=2)
+    assert build_manifest(spec)["spec"]["instances"] == 2
+    one = build_manifest(spec, cpus="1")["spec"]
+    assert (one["instances"], one["threads"]["intraOp"], one["resources"]["limits"]["cpu"]) == (1, 1, "1")
