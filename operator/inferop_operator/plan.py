@@ -124,7 +124,8 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
 
     costs = runtime_costs(spec, runtime)
     memory = memory_fit(spec, costs)
-    if not memory.fits and spec.instances is None and threads.instances > 1:
+    asked = spec.instances
+    if not memory.fits and asked is None and threads.instances > 1:
         # Derived, not asked for: one instance that fits serves, where two would be refused.
         one = spec.model_copy(update={"instances": 1})
         if (alone := memory_fit(one, costs)).fits:
@@ -134,7 +135,7 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
                 f"one instance: {memory.explain()}, and two would not fit; with one instance on several CPUs "
                 "Triton's dynamic batcher can hold a batch for 500 ms: raise resources.limits.memory for two"
             )
-    if spec.instances == 1 and threads.cpu_slots >= 2:
+    if asked == 1 and threads.cpu_slots >= 2:  # one derived for memory has its own warning above
         warnings.append(
             f"instances: 1 on {threads.cpu_slots} CPUs: Triton's dynamic batcher hands a batch only to an instance "
             "waiting for one, so when every caller has sent again before the one instance is back, the batch waits "

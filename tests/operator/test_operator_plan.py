@@ -175,6 +175,7 @@ class TestThreads:
         assert result.memory.required_bytes == one.memory.required_bytes
         (warning,) = [w for w in result.warnings if w.startswith("one instance:")]
         assert "two would not fit" in warning and "resources.limits.memory" in warning
+        assert not any(w.startswith("instances: 1") for w in result.warnings)  # not asked for: one warning, not two
         with pytest.raises(Refusal, match="instances <= 1"):
             plan_service(
                 parse_spec(raw_spec(**big, instances=2, resources={"limits": {"cpu": "2", "memory": between}}))

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from inferop_core.tritonconfig import ServingConfig
 from inferop_devtools.bench.clients import STALL_BAND_MS, run_perf_analyzer
 from inferop_devtools.bench.targets import Target
 
@@ -37,7 +38,7 @@ def busy(processes: int) -> Iterator[None]:
             process.wait()
 
 
-def one_instance(serving: Any, cpus: float) -> Any:
+def one_instance(serving: ServingConfig, cpus: float) -> ServingConfig:
     """The rendering before instances were derived: one instance with every whole CPU's thread."""
     return serving.model_copy(update={"instances": 1, "intra_op_threads": max(1, math.floor(cpus))})
 
