@@ -68,10 +68,11 @@ class QueueBound:
 
 
 def pod_capacity(samples_per_cpu_second: float | None, threads: ThreadPlan) -> float | None:
-    """Samples per second of a pod: the measured rate of one CPU times the CPUs its threads can use."""
+    """Samples per second of a pod: the measured rate of one CPU times the CPUs its threads can use (those of the
+    instances that execute at once)."""
     if samples_per_cpu_second is None:
         return None
-    busy_cpus = min(threads.cpus, threads.instances * threads.intra_op)
+    busy_cpus = min(threads.cpus, threads.executing * threads.intra_op)
     return samples_per_cpu_second * busy_cpus
 
 

@@ -4,8 +4,9 @@ Every instance of a model owns its own intra-op and inter-op thread pools. Copie
 pools to the whole machine oversubscribe the CPUs and inference slows to a crawl, so thread counts are
 derived from the CPU budget and a plan that exceeds it is refused.
 
-The instance count is derived too where it is not set: two where the budget holds two instances' threads, so that
-Triton's dynamic batcher is never left with one busy instance and nothing to wake it (`derived_instances`).
+The instance count is derived too where it is not set: two, so that Triton's dynamic batcher is never left with one
+busy instance and nothing to wake it; where the budget does not hold both instances' threads they take turns
+(`derived_instances`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class ThreadPlan:
     intra_op: int
     inter_op: int
     requested: tuple[int | None, int | None] = (None, None)  # intra- and inter-op as asked; None: derived
+    take_turns: bool = False  # one instance executes at a time (Triton's rate limiter), the other holds the next batch
 
     @property
     def cpu_slots(self) -> int:
@@ -35,56 +37,67 @@ class ThreadPlan:
         return max(1, math.floor(self.cpus))
 
     @property
+    def executing(self) -> int:
+        """Instances that execute at once."""
+        return 1 if self.take_turns else self.instances
+
+    @property
     def threads(self) -> int:
         """Threads that compute at once: the inter-op pool's caller thread is one of the intra-op threads."""
-        return self.instances * (self.intra_op + self.inter_op - 1)
+        return self.executing * (self.intra_op + self.inter_op - 1)
 
     @property
     def oversubscribed(self) -> bool:
         return self.threads > self.cpu_slots
 
     def explain(self) -> str:
+        executing = f"{self.instances} instances taking turns, 1 at a time" if self.take_turns else None
+        pools = f"({self.intra_op} intra-op + {self.inter_op} inter-op - 1)"
         return (
-            f"{self.instances} instance(s) x ({self.intra_op} intra-op + {self.inter_op} inter-op - 1) "
+            f"{executing or f'{self.instances} instance(s)'} x {pools} "
             f"= {self.threads} threads on {_cpus(self.cpus)} CPU(s)"
         )
 
 
-def derived_instances(cpus: float, intra_op: int | None = None, inter_op: int | None = None) -> int:
-    """Two instances where the whole CPUs hold both instances' threads (as set, else one each), else one.
+def derived_instances(cpus: float, intra_op: int | None = None, inter_op: int | None = None) -> tuple[int, bool]:
+    """Two instances, and whether they must take turns: yes where the whole CPUs do not hold both instances' threads
+    (as set, else one each).
 
     With a bounded queue or a request timeout (every config inferop renders), Triton's dynamic batcher hands a
     batch only to an instance already waiting for one, and an instance that comes back for work wakes nobody
     (`src/dynamic_batch_scheduler.cc`, `src/rate_limiter.cc` in Triton's core): when every caller has sent again
     before the one instance is back, the batch waits for the batcher's 500 ms timer. With two instances the other
-    one's return or dequeue wakes it within a batch. Below two CPUs two instances would be two threads on one CPU, so
-    one stays, under SCHED_BATCH, which makes the stall rare there but not absent on a node of several cores
+    one is waiting, so the next batch is formed while the first executes. Where two would oversubscribe the CPUs,
+    Triton's rate limiter lets one execute at a time and the other holds the next batch until the first is done
     (docs/concepts/operator.md has the figures).
     """
     per_instance = (intra_op or 1) + (inter_op or 1) - 1
-    return 2 if math.floor(cpus) >= 2 * per_instance else 1
+    return 2, math.floor(cpus) < 2 * per_instance
 
 
 def plan_threads(
     cpus: float, instances: int | None, intra_op: int | None = None, inter_op: int | None = None
 ) -> ThreadPlan:
     """Fill unset counts from the budget: instances as `derived_instances`, inter-op = 1, intra-op =
-    max(1, floor(CPUs / instances) less the inter-op pool's extra threads)."""
+    max(1, floor(CPUs / instances executing at once) less the inter-op pool's extra threads). Instances that are
+    set all execute at once."""
     if cpus <= 0:
         raise ValueError(f"cpus must be > 0, got {cpus}")
+    take_turns = False
     if instances is None:
-        instances = derived_instances(cpus, intra_op, inter_op)
+        instances, take_turns = derived_instances(cpus, intra_op, inter_op)
     if instances < 1:
         raise ValueError(f"instances must be >= 1, got {instances}")
     inter = inter_op or 1
     # The inter-op pool's extra threads come out of the instance's share, or they would oversubscribe it.
-    default_intra = max(1, math.floor(cpus / instances) - (inter - 1))
+    default_intra = max(1, math.floor(cpus / (1 if take_turns else instances)) - (inter - 1))
     return ThreadPlan(
         cpus=cpus,
         instances=instances,
         intra_op=intra_op or default_intra,
         inter_op=inter,
         requested=(intra_op, inter_op),
+        take_turns=take_turns,
     )
 
 

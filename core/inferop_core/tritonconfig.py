@@ -97,6 +97,13 @@ class TensorSpec(BaseModel):
         return self
 
 
+# Instances that take turns each need this resource's one unit. Every tritonserver inferop starts runs the rate limiter
+# (RATE_LIMIT_ARG); with no resource given on the command line Triton makes available the most any instance needs, 1.
+# Instances that need no resource are not limited.
+EXECUTION_RESOURCE = "inferop_execution"
+RATE_LIMIT_ARG = "--rate-limit=execution_count"
+
+
 class ServingConfig(BaseModel):
     """Everything that goes into one model's `config.pbtxt`: the single source for all three renderings."""
 
@@ -107,6 +114,14 @@ class ServingConfig(BaseModel):
     outputs: tuple[TensorSpec, ...] = Field(min_length=1)
     max_batch_size: int = Field(default=8, ge=0, le=4096, description="0: the model has no batch axis")
     instances: int = Field(default=1, ge=1, le=256)
+    take_turns: bool = Field(
+        default=False,
+        description=(
+            f"the instances execute one at a time: each needs the one unit of the rate limiter's resource "
+            f"{EXECUTION_RESOURCE!r} (the server runs with {RATE_LIMIT_ARG}), so the others hold the next batches "
+            "without taking CPU from the one executing"
+        ),
+    )
     device: Literal["cpu", "gpu"] = "cpu"
     max_queue_delay_microseconds: int = Field(default=2000, ge=0)
     max_queue_size: int | None = Field(
@@ -187,7 +202,9 @@ def build_model_config(cfg: ServingConfig) -> mc.ModelConfig:
         if spec.label_filename:
             output.label_filename = spec.label_filename
     kind = mc.ModelInstanceGroup.KIND_GPU if cfg.device == "gpu" else mc.ModelInstanceGroup.KIND_CPU
-    config.instance_group.add(count=cfg.instances, kind=kind)
+    group = config.instance_group.add(count=cfg.instances, kind=kind)
+    if cfg.take_turns:
+        group.rate_limiter.resources.add(name=EXECUTION_RESOURCE, count=1)
 
     batching = config.dynamic_batching
     batching.max_queue_delay_microseconds = cfg.max_queue_delay_microseconds
@@ -281,6 +298,9 @@ def read_serving_config(config: mc.ModelConfig) -> ServingConfig:
         outputs=tuple(_read_tensor(tensor) for tensor in config.output),
         max_batch_size=config.max_batch_size,
         instances=sum(group.count or 1 for group in groups) or 1,
+        take_turns=any(
+            resource.name == EXECUTION_RESOURCE for group in groups for resource in group.rate_limiter.resources
+        ),
         device="gpu" if any(group.kind == mc.ModelInstanceGroup.KIND_GPU for group in groups) else "cpu",
         max_queue_delay_microseconds=batching.max_queue_delay_microseconds,
         max_queue_size=policy.max_queue_size or None,

@@ -32,7 +32,9 @@ def build_manifest(spec: InferenceServiceSpec, name: str | None = None, cpus: st
     threads = plan_service(spec).threads
     spelled_out = spec.model_dump(by_alias=True, exclude_none=True, include=SPELLED_OUT)
     spelled_out.pop("instances", None)  # as planned, derived or not: the manifest says what is served
-    fields = {"model": spelled_out.pop("model"), "instances": threads.instances, **spelled_out}  # what is served first
+    # Instances that take turns stay derived: set, they would all execute at once.
+    instances = {} if threads.take_turns else {"instances": threads.instances}
+    fields = {"model": spelled_out.pop("model"), **instances, **spelled_out}  # what is served first
     fields |= spec.model_dump(by_alias=True, exclude_none=True, exclude_unset=True, exclude=SPELLED_OUT | {"resources"})
     fields["threads"] |= {"intraOp": threads.intra_op, "interOp": threads.inter_op}
     cpus = cpus or str(threads.threads)

@@ -54,29 +54,31 @@ class Layout:
     instances: int
     intra_op: int
     inter_op: int
+    take_turns: bool = False  # the instances execute one at a time (ServingConfig.take_turns)
 
     def describe(self) -> str:
-        return f"{self.instances}x({self.intra_op}+{self.inter_op})"
+        return f"{self.instances}x({self.intra_op}+{self.inter_op}){' in turns' if self.take_turns else ''}"
 
 
 def thread_layouts(cpus: float) -> tuple[Layout, ...]:
-    """Every layout whose threads fit the budget (instances x (intra + inter - 1) <= whole CPUs)."""
+    """Every layout whose threads fit the budget (instances x (intra + inter - 1) <= whole CPUs), and the derived
+    one where its instances take turns."""
     slots = max(1, math.floor(cpus))
-    layouts = [
+    layouts = {
         Layout(instances, intra, inter)
         for instances in range(1, slots + 1)
         for inter in range(1, slots + 1)
         for intra in range(1, slots + 1)
         if not plan_threads(cpus, instances, intra, inter).oversubscribed
-    ]
-    return tuple(sorted(layouts))
+    }
+    return tuple(sorted(layouts | {default_layout(cpus)}))
 
 
 def default_layout(cpus: float) -> Layout:
-    """What the operator derives when nothing is set: two instances where the CPUs hold both, the CPUs' threads
-    shared between them (inferop_core.threads.derived_instances)."""
+    """What the operator derives when nothing is set: two instances, taking turns where the CPUs do not hold both,
+    the CPUs' threads shared between those that execute (inferop_core.threads.derived_instances)."""
     plan = plan_threads(cpus, None)
-    return Layout(plan.instances, plan.intra_op, plan.inter_op)
+    return Layout(plan.instances, plan.intra_op, plan.inter_op, plan.take_turns)
 
 
 @dataclass(frozen=True, order=True)
@@ -91,6 +93,7 @@ class Settings:
         return serving.model_copy(
             update={
                 "instances": self.layout.instances,
+                "take_turns": self.layout.take_turns,
                 "intra_op_threads": self.layout.intra_op,
                 "inter_op_threads": self.layout.inter_op,
                 "max_batch_size": self.max_batch_size,
@@ -368,7 +371,8 @@ def tuned_spec(serving: ServingConfig, model_dir: Path, cpus: float, profile: di
         batching["maxQueueSize"] = serving.max_queue_size
     raw: dict[str, Any] = {
         "model": model.model_dump(by_alias=True, exclude_none=True),
-        "instances": serving.instances,
+        # Instances that take turns stay derived: set, they would all execute at once.
+        **({} if serving.take_turns else {"instances": serving.instances}),
         "threads": {"intraOp": serving.intra_op_threads, "interOp": serving.inter_op_threads},
         "batching": batching,
         "resources": {"limits": {"cpu": f"{cpus:g}"}},

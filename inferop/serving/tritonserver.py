@@ -32,6 +32,7 @@ from inferop.serving.localrepo import prepare_local_repo
 from inferop_core import scheduling
 from inferop_core.errors import InferopError
 from inferop_core.quantity import format_bytes
+from inferop_core.tritonconfig import RATE_LIMIT_ARG
 
 READY_TIMEOUT_S = 120.0
 # "failed to load 'name' version 1: <reason>", up to the reason's first escaped newline (a traceback follows).
@@ -138,6 +139,7 @@ class TritonServer:
             "--cuda-memory-pool-byte-size=0:0",
             # Shutdown waits this long for in-flight requests and open connections, then ends them.
             "--exit-timeout-secs=5",
+            RATE_LIMIT_ARG,  # instances that take turns (ServingConfig.take_turns)
             *self.extra_args,
         ]
 

@@ -15,7 +15,7 @@ from typing import Any
 from inferop_core import scheduling
 from inferop_core.capacity import gateway_admission
 from inferop_core.cpu import NFD_LABELS
-from inferop_core.tritonconfig import render_model_config
+from inferop_core.tritonconfig import RATE_LIMIT_ARG, render_model_config
 from inferop_operator import identity, liveness
 from inferop_operator.identity import (
     API_VERSION,
@@ -216,6 +216,7 @@ def triton_args(service: Service) -> list[str]:
         f"--allow-gpu-metrics={'true' if service.spec.uses_gpu else 'false'}",
         # In-flight requests get as long as a queued one may wait before shutdown cuts them off.
         f"--exit-timeout-secs={math.ceil(service.spec.timeouts.request_seconds) + 5}",
+        RATE_LIMIT_ARG,  # instances that take turns (ServingConfig.take_turns)
     ]
     if not service.spec.uses_gpu:
         args.append("--pinned-memory-pool-byte-size=0")

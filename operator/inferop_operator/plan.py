@@ -132,14 +132,16 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
             spec, memory = one, alone
             threads = plan_threads(cpus, 1, spec.threads.intra_op, spec.threads.inter_op)
             warnings.append(
-                f"one instance: {memory.explain()}, and two would not fit; with one instance on several CPUs "
-                "Triton's dynamic batcher can hold a batch for 500 ms: raise resources.limits.memory for two"
+                f"one instance: {memory.explain()}, and two would not fit; with one instance Triton's dynamic "
+                "batcher can hold a batch for 500 ms: raise resources.limits.memory for two"
             )
-    if asked == 1 and threads.cpu_slots >= 2:  # one derived for memory has its own warning above
+    if asked == 1:  # one derived for memory has its own warning above
+        two = plan_threads(cpus, None, spec.threads.intra_op, spec.threads.inter_op)
+        instead = "leave instances unset (2 here, taking turns)" if two.take_turns else "leave instances unset or set 2"
         warnings.append(
-            f"instances: 1 on {threads.cpu_slots} CPUs: Triton's dynamic batcher hands a batch only to an instance "
-            "waiting for one, so when every caller has sent again before the one instance is back, the batch waits "
-            "for the batcher's 500 ms timer; leave instances unset (2 here) or set 2"
+            "instances: 1: Triton's dynamic batcher hands a batch only to an instance waiting for one, so when every "
+            f"caller has sent again before the one instance is back, the batch waits for the batcher's 500 ms timer; "
+            f"{instead}"
         )
     queue = queue_bound(spec, threads)
     if queue.source == "unknown capacity":

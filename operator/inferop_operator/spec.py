@@ -797,6 +797,7 @@ class InferenceServiceSpec(Serving):
             outputs=tuple(t.as_tensor_spec() for t in self.model.outputs),
             max_batch_size=self.batching.max_batch_size,
             instances=threads.instances,
+            take_turns=threads.take_turns,
             device="gpu" if self.uses_gpu else "cpu",
             max_queue_delay_microseconds=self.batching.max_queue_delay_microseconds,
             max_queue_size=queue_size,

@@ -99,6 +99,7 @@ class TestPodCapacity:
             (plan_threads(2.5, 2), 2),
             (plan_threads(0.5, 1), 0.5),  # half a CPU runs one thread at half speed
             (plan_threads(4, 1, intra_op=2, inter_op=3), 2),  # inter-op threads do not run one op faster
+            (plan_threads(3, None, intra_op=2), 2),  # two instances taking turns: one executes at a time
         ],
     )
     def test_the_cpus_the_threads_can_use(self, threads: ThreadPlan, busy_cpus: float) -> None:

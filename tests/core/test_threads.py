@@ -24,16 +24,23 @@ class TestPlanThreads:
         assert (plan.intra_op, plan.inter_op) == (intra_op, 1)
 
     @pytest.mark.parametrize(
-        ("cpus", "intra_op", "inter_op", "instances"),
-        [(1, None, None, 1), (1.9, None, None, 1), (2, None, None, 2), (16, None, None, 2), (3, 2, None, 1),
-         (4, 2, None, 2), (4, None, 3, 1), (6, 2, 2, 2)],
+        ("cpus", "intra_op", "inter_op", "take_turns", "threads"),
+        [(0.5, None, None, True, 1), (1, None, None, True, 1), (1.9, None, None, True, 1), (2, None, None, False, 2),
+         (16, None, None, False, 16), (3, 2, None, True, 2), (4, 2, None, False, 4), (4, None, 3, True, 4),
+         (6, 2, 2, False, 6)],
     )  # fmt: skip
-    def test_unset_instances_are_two_where_the_whole_cpus_hold_both(
-        self, cpus: float, intra_op: int | None, inter_op: int | None, instances: int
+    def test_unset_instances_are_two_taking_turns_where_the_whole_cpus_do_not_hold_both(
+        self, cpus: float, intra_op: int | None, inter_op: int | None, take_turns: bool, threads: int
     ) -> None:
-        assert derived_instances(cpus, intra_op, inter_op) == instances
+        assert derived_instances(cpus, intra_op, inter_op) == (2, take_turns)
         plan = plan_threads(cpus, None, intra_op, inter_op)
-        assert plan.instances == instances and not plan.oversubscribed
+        assert (plan.instances, plan.take_turns, plan.threads) == (2, take_turns, threads)
+        assert not plan.oversubscribed
+        assert ("taking turns" in plan.explain()) == take_turns
+
+    def test_instances_that_are_set_all_execute_at_once(self) -> None:
+        plan = plan_threads(1, 2)
+        assert not plan.take_turns and plan.executing == 2 and plan.oversubscribed
 
     def test_explicit_counts_are_kept(self) -> None:
         plan = plan_threads(16, 2, intra_op=3, inter_op=2)

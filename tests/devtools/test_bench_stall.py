@@ -29,14 +29,17 @@ def test_a_tail_or_a_stall_in_a_planned_run_is_missed_and_the_ablation_must_find
     ablation = "ablation, conv_net at 2 CPU(s) as one instance, 1 run(s): answers in 480-700 ms (the stall found)"
     assert outcome[ablation] == (True, None)
     figures["runs"].append({**run("conv_net", 2, 600.0, 16, rendering="one instance"), "beside": 1})
+    figures["runs"].append(run("conv_net", 1, 600.0, 8, rendering="one instance"))
     found = {target.name: target.missed for target in stall_targets(figures)}
     assert found[ablation.replace("1 run(s)", "2 run(s)")] is False  # either run finding it is enough
+    assert found[ablation.replace("2 CPU(s)", "1 CPU(s)")] is False  # each quota's ablation judged on its own
     lines = stall_lines(figures)
     assert any(line.split()[:4] == ["conv_net", "2", "0", "planned"] and line.split()[-1] == "3" for line in lines)
 
 
 def test_the_ablation_is_one_instance_with_every_whole_cpu_s_thread() -> None:
     tensors = {"inputs": (TensorSpec(name="x", dims=(4,)),), "outputs": (TensorSpec(name="y", dims=(1,)),)}
-    serving = ServingConfig(name="m", **tensors, instances=2, intra_op_threads=1)
-    assert (one_instance(serving, 2.5).instances, one_instance(serving, 2.5).intra_op_threads) == (1, 2)
+    serving = ServingConfig(name="m", **tensors, instances=2, take_turns=True, intra_op_threads=1)
+    ablated = one_instance(serving, 2.5)
+    assert (ablated.instances, ablated.take_turns, ablated.intra_op_threads) == (1, False, 2)
     assert one_instance(serving, 0.5).intra_op_threads == 1

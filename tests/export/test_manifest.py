@@ -224,8 +224,12 @@ class TestWriteManifest:
 
 
 def test_instances_are_planned_for_the_cpus_the_manifest_asks_for() -> None:
-    """Exported on 2 CPUs (two instances derived), asked for 1: one instance, or the operator would refuse it."""
+    """Exported on 2 CPUs (two instances derived), asked for 1: two that take turns, left derived, since two set
+    would execute at once and the operator would refuse them."""
     spec = exported("conv_net", "hostpath:///models/conv_net", [BOARD], [POLICY, VALUE], CONV_NET_PROFILE, cpus=2)
     assert build_manifest(spec)["spec"]["instances"] == 2
     one = build_manifest(spec, cpus="1")["spec"]
-    assert (one["instances"], one["threads"]["intraOp"], one["resources"]["limits"]["cpu"]) == (1, 1, "1")
+    assert "instances" not in one
+    assert (one["threads"]["intraOp"], one["resources"]["limits"]["cpu"]) == (1, "1")
+    served = plan_service(parse_spec(one)).serving
+    assert (served.instances, served.take_turns) == (2, True)

@@ -75,14 +75,14 @@ class Landscape:
 
 class TestGrid:
     def test_thread_layouts_are_exactly_those_within_the_budget(self) -> None:
-        assert thread_layouts(1) == (Layout(1, 1, 1),)
+        assert thread_layouts(1) == (Layout(1, 1, 1), Layout(2, 1, 1, take_turns=True))  # the derived one too
         assert set(thread_layouts(2)) == {Layout(1, 1, 1), Layout(1, 2, 1), Layout(1, 1, 2), Layout(2, 1, 1)}
         for layout in thread_layouts(4):
             assert layout.instances * (layout.intra_op + layout.inter_op - 1) <= 4
         assert Layout(4, 1, 1) in thread_layouts(4) and Layout(2, 2, 1) in thread_layouts(4.5)
 
     def test_the_climb_starts_at_the_operators_default_and_the_nearest_grid_values(self) -> None:
-        assert (default_layout(1), default_layout(4)) == (Layout(1, 1, 1), Layout(2, 2, 1))
+        assert (default_layout(1), default_layout(4)) == (Layout(2, 1, 1, take_turns=True), Layout(2, 2, 1))
         start = grid(4).start(max_batch_size=12, max_queue_delay_us=2000)
         assert start == Settings(Layout(2, 2, 1), 8, 1000)
 
@@ -244,7 +244,7 @@ class TestTuneOnTriton:
 
     def test_it_measures_part_of_the_grid_and_names_the_best(self, tuned: tuple[Any, Path]) -> None:
         summary, out = tuned
-        assert summary["gridSize"] == 4 and 1 <= summary["trials"] <= 4
+        assert summary["gridSize"] == 8 and 1 <= summary["trials"] <= 8  # 2 layouts on 1 CPU, 2 batch sizes, 2 delays
         rows = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
         assert len(rows) == summary["trials"]
         assert all(row["errors"] == 0 and row["throughput"] > 0 and row["failure"] is None for row in rows)
@@ -272,7 +272,7 @@ class TestTuneOnTriton:
         )  # fmt: skip
         assert result.returncode == 1
         assert "--p99-ms 0.01: no config met it; the best p99 measured was" in result.stderr
-        assert len((tmp_path / "trials.jsonl").read_text().splitlines()) == 1
+        assert len((tmp_path / "trials.jsonl").read_text().splitlines()) == 2  # the grid: 2 layouts on 1 CPU
 
     @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
     def test_ctrl_c_stops_cleanly_and_keeps_what_was_measured(

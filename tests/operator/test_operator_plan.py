@@ -133,35 +133,40 @@ class TestThreads:
         assert result.warnings == []
 
     @pytest.mark.parametrize(
-        ("resources", "threads", "instances", "intra_op"),
+        ("resources", "threads", "intra_op", "take_turns"),
         [
-            ({"limits": {"cpu": "2"}}, {}, 2, 1),
-            ({"limits": {"cpu": "4"}}, {}, 2, 2),
-            ({"limits": {"cpu": "3"}}, {}, 2, 1),
-            ({"limits": {"cpu": "1999m"}}, {}, 1, 1),  # one whole CPU: two instances would take turns on it
-            ({"requests": {"cpu": "2"}}, {}, 2, 1),
-            ({}, {}, 1, 1),
-            ({"limits": {"cpu": "2"}}, {"intraOp": 2}, 1, 2),  # two instances of two threads would oversubscribe
-            ({"limits": {"cpu": "4"}}, {"intraOp": 2}, 2, 2),
-            ({"limits": {"cpu": "4"}}, {"interOp": 2}, 2, 1),
+            ({"limits": {"cpu": "2"}}, {}, 1, False),
+            ({"limits": {"cpu": "4"}}, {}, 2, False),
+            ({"limits": {"cpu": "3"}}, {}, 1, False),
+            ({"limits": {"cpu": "1999m"}}, {}, 1, True),  # one whole CPU: both would run on it at once
+            ({"limits": {"cpu": "500m"}}, {}, 1, True),
+            ({"requests": {"cpu": "2"}}, {}, 1, False),
+            ({}, {}, 1, True),
+            ({"limits": {"cpu": "2"}}, {"intraOp": 2}, 2, True),  # two instances of two threads would oversubscribe
+            ({"limits": {"cpu": "4"}}, {"intraOp": 2}, 2, False),
+            ({"limits": {"cpu": "4"}}, {"interOp": 2}, 1, False),
         ],
     )
-    def test_unset_instances_are_two_where_the_cpus_hold_both(
-        self, resources: dict[str, Any], threads: dict[str, int], instances: int, intra_op: int
+    def test_unset_instances_are_two_taking_turns_where_the_cpus_do_not_hold_both(
+        self, resources: dict[str, Any], threads: dict[str, int], intra_op: int, take_turns: bool
     ) -> None:
         result = plan(raw_spec(capacity=1000.0, resources=resources, threads=threads))
-        assert (result.threads.instances, result.threads.intra_op) == (instances, intra_op)
-        assert result.serving.instances == instances
+        assert (result.threads.instances, result.threads.intra_op, result.threads.take_turns) == (
+            2,
+            intra_op,
+            take_turns,
+        )
+        assert (result.serving.instances, result.serving.take_turns) == (2, take_turns)
+        assert ("rate_limiter" in render_model_config(result.serving)) == take_turns
         assert not result.threads.oversubscribed
         assert not any("instances: 1" in w for w in result.warnings)
 
-    def test_one_instance_set_on_several_cpus_is_warned_of(self) -> None:
-        result = plan(raw_spec(capacity=1000.0, instances=1, resources={"limits": {"cpu": "2"}}))
-        assert result.threads.instances == 1
-        (warning,) = [w for w in result.warnings if w.startswith("instances: 1 on 2 CPUs")]
-        assert "500 ms" in warning and "leave instances unset (2 here)" in warning
-        alone = plan(raw_spec(capacity=1000.0, instances=1, resources={"limits": {"cpu": "1"}}))
-        assert not any(w.startswith("instances: 1") for w in alone.warnings)
+    @pytest.mark.parametrize(("cpus", "instead"), [("2", "or set 2"), ("1", "(2 here, taking turns)")])
+    def test_one_instance_set_is_warned_of(self, cpus: str, instead: str) -> None:
+        result = plan(raw_spec(capacity=1000.0, instances=1, resources={"limits": {"cpu": cpus}}))
+        assert (result.threads.instances, result.serving.take_turns) == (1, False)
+        (warning,) = [w for w in result.warnings if w.startswith("instances: 1:")]
+        assert "500 ms" in warning and instead in warning
 
     def test_unset_instances_are_one_where_two_do_not_fit_in_memory(self) -> None:
         """A limit that holds one instance's peak but not two: served by one, with the reason, never refused."""
@@ -613,7 +618,7 @@ class TestQueueBound:
     def test_unknown_capacity_warns(self) -> None:
         result = plan(raw_spec(instances=1, resources=self.LIMITS, batching={"maxBatchSize": 8}))
         assert (result.serving.max_queue_size, result.queue.source) == (2 * 8, "unknown capacity")
-        (warning,) = result.warnings
+        (warning,) = [w for w in result.warnings if not w.startswith("instances: 1:")]
         assert "capacity unknown" in warning
         assert "model.profile.samplesPerCpuSecond" in warning
         assert "batching.maxQueueSize" in warning

@@ -39,6 +39,8 @@ VARIANTS: dict[str, tuple[Callable[[ServingConfig, float], ServingConfig], CpuSc
         lambda s, cpus: one_instance(s, cpus).model_copy(update={"max_queue_delay_microseconds": 0}),
         "batch",
     ),
+    "two instances": (lambda s, cpus: s.model_copy(update={"instances": 2, "take_turns": False}), "batch"),
+    "two instances taking turns": (lambda s, cpus: s.model_copy(update={"instances": 2, "take_turns": True}), "batch"),
 }
 
 
@@ -93,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                 figures = run_perf_analyzer(binary, server.url, "conv_net", CALLERS, args.seconds)
             if extra:
                 figures["trace"] = stalled_requests(trace)
-        figures["config"] = f"{config.instances} x {config.intra_op_threads} thread(s), delay "
+        turns = " taking turns" if config.take_turns else ""
+        figures["config"] = f"{config.instances}{turns} x {config.intra_op_threads} thread(s), delay "
         figures["config"] += f"{config.max_queue_delay_microseconds} us, {policy}, {args.cpus:g} CPU(s), "
         figures["config"] += f"{args.beside} busy process(es) beside"
         results[name] = figures
