@@ -59,3 +59,5 @@ def test_a_hidden_tail_and_the_stall_are_missed_targets() -> None:
         False, "requests too large to export",
     )  # fmt: skip
     assert any("conv_net" in line and "16" in line and line.split()[-2] == "16" for line in clients_lines(figures))
+    longer = clients_lines({**figures, "seconds_factor": {"conv_net": 1, "inception_v3": 3}})[0]
+    assert "6 s a level (inception_v3 18 s)" in longer
