@@ -56,7 +56,12 @@ class ThreadsStatus(Reported):
     instances: int = Field(description="Triton model instances per pod.")
     intra_op: int = Field(description="ONNX Runtime intra-op threads of each instance.")
     inter_op: int = Field(description="ONNX Runtime inter-op threads of each instance.")
-    summary: str = Field(description="instances x (intraOp + interOp) / whole CPUs, as `kubectl get` shows it.")
+    summary: str = Field(
+        description=(
+            "instances x (intraOp + interOp) / whole CPUs, as `kubectl get` shows it; 'in turns': the instances "
+            "execute one at a time."
+        )
+    )
 
 
 class QueueStatus(Reported):
@@ -237,7 +242,8 @@ def plan_figures(plan: Plan) -> Status:
             instances=threads.instances,
             intra_op=threads.intra_op,
             inter_op=threads.inter_op,
-            summary=f"{threads.instances}x({threads.intra_op}+{threads.inter_op})/{threads.cpu_slots}cpu",
+            summary=f"{threads.instances}x({threads.intra_op}+{threads.inter_op})/{threads.cpu_slots}cpu"
+            + (" in turns" if threads.take_turns else ""),
         ),
         queue=QueueStatus(
             max_queue_size=plan.queue.size,

@@ -305,6 +305,10 @@ class TestPlanStatus:
         assert (status["threads"]["cpus"], status["threads"]["cpuSource"]) == (1.0, "assumed")
         assert status["threads"]["summary"] == "1x(1+1)/1cpu"
 
+    def test_instances_taking_turns_say_so(self) -> None:
+        status = written(plan_status(make_service(resources={"limits": {"cpu": "1", "memory": "8Gi"}})))
+        assert (status["threads"]["instances"], status["threads"]["summary"]) == (2, "2x(1+1)/1cpu in turns")
+
     def test_derived_queue_bound(self) -> None:
         # 4 CPUs, 2 instances x 2 intra-op threads: 8 x 4 = 32 samples/s x 0.8 x 10 s x 0.5 = 128.
         status = written(plan_status(make_service(capacity=8.0)))
