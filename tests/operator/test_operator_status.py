@@ -306,7 +306,7 @@ class TestPlanStatus:
         assert status["threads"]["summary"] == "1x(1+1)/1cpu"
 
     def test_instances_taking_turns_say_so(self) -> None:
-        status = written(plan_status(make_service(resources={"limits": {"cpu": "1", "memory": "8Gi"}})))
+        status = written(plan_status(make_service(resources={"limits": {"cpu": "1", "memory": "8Gi"}}, instances=None)))
         assert (status["threads"]["instances"], status["threads"]["summary"]) == (2, "2x(1+1)/1cpu in turns")
 
     def test_derived_queue_bound(self) -> None:
