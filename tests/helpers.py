@@ -3,13 +3,16 @@ the exported repository and running server the fixtures hand out, and a poller t
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -133,3 +136,38 @@ def push_tiny(s3: Any, exported_tiny: ExportedRepo) -> str:
     assert f"{uri}/conv_net/1/model.onnx" in result.stdout.splitlines()
     assert s3.secret_key not in result.stdout + result.stderr
     return uri
+
+
+class WebhookReceiver:
+    """A webhook's receiver on 127.0.0.1: an HTTP server that answers 500 to its first `failures` posts, then
+    204, keeping what it accepted; each answer waits until `open` is set."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.failures = failures
+        self.open = threading.Event()
+        self.open.set()
+        self.accepted: list[dict[str, Any]] = []
+        self.posts = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.open.wait()
+                receiver.posts += 1
+                if receiver.posts <= receiver.failures:
+                    self.send_response(500)
+                else:
+                    receiver.accepted.append(json.loads(body))
+                    self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"

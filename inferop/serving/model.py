@@ -14,6 +14,10 @@ model would (the same answers, later). INFEROP_FAULT_FAIL_VALUE=V
 fails every execution whose inputs hold the value V somewhere, as a model that breaks on inputs it was never
 checked on: the whole batch fails, as an ONNX Runtime run does, and Triton counts each of its requests in
 nv_inference_request_failure (an error response the model returns itself would count as a success there).
+INFEROP_FAULT_LEAK_MIB=N keeps N MiB more after every execution, as a model that leaks does, until the container's
+memory limit kills this process. With INFEROP_FAULT_ARM_FILE=PATH these two act only once PATH exists, made after the
+model loaded: a regression that starts late, while the model serves (a restarted model runs normally again).
+INFEROP_FAULT_LOAD_SECONDS=S makes the model take S seconds more to load, as a large model fetched and warmed does.
 """
 
 import json
@@ -75,6 +79,7 @@ class TritonPythonModel:
                 f"GPU instance: ONNX Runtime could not use CUDA (providers {self.session.get_providers()}); "
                 "install onnxruntime-gpu with its CUDA libraries: pip install 'onnxruntime-gpu[cuda,cudnn]'"
             )
+        time.sleep(float(os.environ.get("INFEROP_FAULT_LOAD_SECONDS", "0")))
         self.input_names = [spec["name"] for spec in config["input"]]
         self.output_names = [spec["name"] for spec in config["output"]]
         self.stall_file = os.environ.get("INFEROP_FAULT_STALL_FILE")
@@ -82,16 +87,22 @@ class TritonPythonModel:
         self.slowdown = max(float(os.environ.get("INFEROP_FAULT_SLOWDOWN", "1")), 1.0)
         fail_value = os.environ.get("INFEROP_FAULT_FAIL_VALUE")
         self.fail_value = None if fail_value is None else float(fail_value)
+        self.leak_bytes = int(float(os.environ.get("INFEROP_FAULT_LEAK_MIB", "0")) * 2**20)
+        self.leaked = []
+        self.arm_file = os.environ.get("INFEROP_FAULT_ARM_FILE")
 
-    def _stall_armed(self, path):
+    def _made_since_loaded(self, path):
         try:
             return os.stat(path).st_mtime >= self.loaded_at
         except FileNotFoundError:
             return False
 
+    def _faults_armed(self):
+        return not self.arm_file or self._made_since_loaded(self.arm_file)
+
     def execute(self, requests):
         """One ONNX Runtime run for every request the dynamic batcher grouped, split back per request."""
-        if self.stall_file and self._stall_armed(self.stall_file):
+        if self.stall_file and self._made_since_loaded(self.stall_file):
             open(self.stall_file + ".held", "w").close()
             while os.path.exists(self.stall_file):
                 time.sleep(0.05)
@@ -101,7 +112,10 @@ class TritonPythonModel:
             arrays = [pb_utils.get_input_tensor_by_name(request, name).as_numpy() for request in requests]
             feeds[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
             sizes = [len(array) for array in arrays]
-        if self.fail_value is not None and any(np.any(array == self.fail_value) for array in feeds.values()):
+        armed = (self.fail_value is not None or self.leak_bytes) and self._faults_armed()
+        if armed and self.leak_bytes:
+            self.leaked.append(np.ones(self.leak_bytes, dtype=np.uint8))  # written, so resident
+        if armed and self.fail_value is not None and any(np.any(a == self.fail_value) for a in feeds.values()):
             raise pb_utils.TritonModelException(f"input holds {self.fail_value} (injected fault)")
         began = time.perf_counter()
         outputs = self.session.run(self.output_names, feeds)

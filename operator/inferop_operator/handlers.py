@@ -45,7 +45,7 @@ from inferop_operator.rollout import (
     stable_spec,
 )
 from inferop_operator.settings import OperatorSettings
-from inferop_operator.spec import GatewayRef, InferenceServiceSpec, SpecError, parse_spec
+from inferop_operator.spec import GatewayRef, InferenceServiceSpec, SpecError, Webhook, parse_spec
 from inferop_operator.status import (
     AdviceLedger,
     Status,
@@ -61,6 +61,7 @@ from inferop_operator.status import (
     same_condition,
     status_patch,
 )
+from inferop_operator.webhook import NOTIFIER, decision
 
 log = logging.getLogger(__name__)
 # Seconds before a reconcile that could not reach the API server is tried again.
@@ -314,7 +315,7 @@ def _reconcile(
     if routing_warning:
         new_status = new_status.model_copy(update={"warnings": [*(new_status.warnings or []), routing_warning]})
     warn_new(body, previous, new_status)
-    announce_rollout(body, known, state)
+    announce_rollout(body, known, state, spec.rollout.webhook if spec.rollout is not None else None)
     changed = patch_status(namespace, name, current, new_status)
     if memo is not None:
         memo["rollout"] = state
@@ -417,8 +418,8 @@ def object_lock(memo: Any) -> threading.Lock:
     return lock  # type: ignore[no-any-return]
 
 
-def announce_rollout(body: Any, before: RolloutStatus | None, after: RolloutStatus) -> None:
-    """One Event per move of a rollout: its phase, reason or traffic."""
+def announce_rollout(body: Any, before: RolloutStatus | None, after: RolloutStatus, webhook: Webhook | None) -> None:
+    """One Event per move of a rollout (its phase, reason or traffic), and one post to the spec's webhook."""
     if after.phase is None:
         return
 
@@ -435,6 +436,9 @@ def announce_rollout(body: Any, before: RolloutStatus | None, after: RolloutStat
         kopf.warn(body, reason=after.reason or after.phase, message=message)
     else:
         kopf.info(body, reason=after.reason or after.phase, message=message)
+    if webhook is not None:
+        metadata = body.get("metadata") or {}
+        NOTIFIER.notify(webhook.url, decision(metadata, after), webhook.timeout_seconds, webhook.attempts)
 
 
 def warn_new(body: Any, previous: Status, new: Status) -> None:

@@ -99,8 +99,25 @@ def decide(
             return roll_back(state, now, "SpecReverted", f"the spec serves revision {state.stable} again")
         return state
     if revision == state.candidate:
+        if retry_asked(spec.rollout, state):
+            started = start(str(state.stable), revision, split, now, state)
+            return started.model_copy(
+                update={"retried": spec.rollout.retry, "message": f"retried by spec.rollout.retry: {started.message}"}
+            )
         return state
     return start(str(state.stable), revision, split, now, state)
+
+
+def retry_asked(rollout: Rollout, state: RolloutStatus) -> bool:
+    """spec.rollout.retry asks for the rolled-back candidate again, and was not taken up before."""
+    token = rollout.retry
+    return (
+        state.phase == "RolledBack"
+        and token is not None
+        and token != state.retried
+        and state.candidate is not None
+        and token.split("/")[0] == state.candidate
+    )
 
 
 def stable_spec(spec: InferenceServiceSpec, state: RolloutStatus) -> InferenceServiceSpec:
@@ -274,6 +291,9 @@ class RolloutStatus(Reported):
     changed_at: str | None = Field(default=None, description="When the phase or the traffic last changed.")
     agreement: AgreementStatus | None = Field(default=None, description="The check before any live traffic.")
     analysis: AnalysisStatus | None = Field(default=None, description="The last analysis of a step.")
+    retried: str | None = Field(
+        default=None, description="The spec.rollout.retry value the operator last took up (it acts once)."
+    )
     stable_spec: dict[str, Any] | None = Field(
         default=None,
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
@@ -485,6 +505,8 @@ def _step(state: RolloutStatus, rollout: Rollout, observed: Observed) -> Rollout
         if not observed.traffic_settled:
             return state
         state = state.model_copy(update={"step_started_at": timestamp(now)})
+    if ended_by_spec(state, rollout, step):
+        return _next_step(state, rollout, step, now, "by spec.rollout.endStep")
     analysis = observed.analysis
     paused_by_spec = rollout.paused
     if analysis is None:
@@ -523,12 +545,42 @@ def _step(state: RolloutStatus, rollout: Rollout, observed: Observed) -> Rollout
         if state.phase == "Paused":
             return _moved(state, now, phase="Progressing", reason="Resumed", message=analysis.message)
         return state
+    pause = rollout.pause_at(step)
+    if pause is not None and (pause.seconds is None or now - started < rollout.step_seconds + pause.seconds):
+        if state.phase == "Paused" and state.reason == "PausedAtStep":
+            return state
+        until = "until promoted" if pause.seconds is None else f"for {pause.seconds} s more"
+        return _moved(
+            state, now, phase="Paused", reason="PausedAtStep",
+            message=f"step {step + 1} of {len(rollout.steps)} ({state.weight}%) passed its {rollout.step_seconds} s "
+            f"and holds {until} (spec.rollout.pauses; its analyses go on); `inferop rollout promote` ends it",
+        )  # fmt: skip
+    return _next_step(state, rollout, step, now, "")
+
+
+def ended_by_spec(state: RolloutStatus, rollout: Rollout, step: int) -> bool:
+    """spec.rollout.endStep names this candidate's current step, whose traffic is in effect and whose last analysis
+    did not fail."""
+    failed = state.analysis is not None and state.analysis.step == step and state.analysis.verdict == "Failed"
+    return (
+        rollout.end_step == f"{state.candidate}/{step}"
+        and state.step_started_at is not None
+        and state.scaling_for is None
+        and not failed
+    )
+
+
+def _next_step(state: RolloutStatus, rollout: Rollout, step: int, now: float, why: str) -> RolloutStatus:
+    """The step after `step`, once its pods are Ready; after the last, promotion. A step held by a pause goes on."""
     if step + 1 < len(rollout.steps):
-        return _pods_for_step(state, rollout, step + 1, now)
+        going_on = state.model_copy(update={"phase": "Progressing"}) if state.phase == "Paused" else state
+        return _pods_for_step(going_on, rollout, step + 1, now)
     return _moved(
-        state, now, phase="Promoting", reason="AllStepsPassed",
-        message=f"revision {state.candidate} passed every step: the stable Deployment takes its spec",
-        weight=100, mirror_percent=0,
+        state, now, phase="Promoting", reason="PromotedBySpec" if why else "AllStepsPassed",
+        message=f"revision {state.candidate} passed every step"
+        + (f" (the last ended {why})" if why else "")
+        + ": the stable Deployment takes its spec",
+        weight=100, mirror_percent=0, scaling_for=None,
     )  # fmt: skip
 
 

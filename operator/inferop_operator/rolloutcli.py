@@ -1,10 +1,12 @@
-"""`inferop rollout status|promote|abort|pause|resume NAME`: see and steer the rollout of an InferenceService.
+"""`inferop rollout status|promote|abort|retry|pause|resume NAME`: see and steer the rollout of an InferenceService.
 
-Each action writes the spec field the operator already acts on (spec.rollout.promote and .abort naming the
-candidate revision, spec.rollout.paused), as `kubectl patch` would (docs/how-to/rollouts.md), then waits for the
-status to show that the operator took it up and says how long that took. An action the rollout's phase does not
-allow is refused before anything is written, naming the phase. Exit codes: 0 taken up, 1 not taken up within
---timeout, 2 refused or invalid.
+Each action writes the spec field the operator acts on, as `kubectl patch` would (docs/how-to/rollouts.md): promote
+ends the current step (spec.rollout.endStep naming the candidate and its step), `promote --full` every remaining one
+(spec.rollout.promote naming the candidate), abort rolls back (spec.rollout.abort), retry starts a rolled-back
+candidate again (spec.rollout.retry; abort, promote and endStep removed), pause and resume set spec.rollout.paused.
+It then waits for the status to show that the operator took it up and says how long that took. An action the
+rollout's phase does not allow is refused before anything is written, naming the phase. Exit codes: 0 taken up,
+1 not taken up within --timeout, 2 refused or invalid.
 """
 
 from __future__ import annotations
@@ -34,42 +36,78 @@ class Action:
     """A change of spec.rollout and the status that shows the operator took it up."""
 
     phases: frozenset[str]  # the phases in which it applies
-    spec: Callable[[RolloutStatus], dict[str, Any]]  # the spec.rollout fields it writes
-    taken: Callable[[RolloutStatus], bool]
+    spec: Callable[[RolloutStatus], dict[str, Any]]  # the spec.rollout fields it writes (None: removed)
+    taken: Callable[[RolloutStatus], Callable[[RolloutStatus], bool]]  # from the status before, is it taken up now
     done: str  # what it did, for the report
+
+
+def step_ended(before: RolloutStatus) -> Callable[[RolloutStatus], bool]:
+    """The step `before` was at has given way: the next one's pods are starting or its traffic is in effect, or
+    the candidate is being promoted."""
+
+    def ended(now: RolloutStatus) -> bool:
+        moved_on = now.step is not None and before.step is not None and now.step > before.step
+        return moved_on or now.scaling_for is not None or now.phase in ("Promoting", "Finishing", "Succeeded")
+
+    return ended
 
 
 ACTIONS: dict[str, Action] = {
     "promote": Action(
         frozenset({"Progressing", "Paused"}),
+        lambda state: {"endStep": f"{state.candidate}/{state.step or 0}"},
+        step_ended,
+        "moved on: its step ended, the next begins once the candidate's pods for it are Ready",
+    ),
+    "promote --full": Action(
+        frozenset({"Progressing", "Paused"}),
         lambda state: {"promote": state.candidate},
-        lambda state: state.phase in ("Promoting", "Finishing", "Succeeded"),
+        lambda before: lambda now: now.phase in ("Promoting", "Finishing", "Succeeded"),
         "promoted: the stable Deployment takes its spec",
+    ),
+    "retry": Action(
+        frozenset({"RolledBack"}),
+        # What would end the new attempt at once goes: an abort, a promotion or a step ended, naming the candidate.
+        lambda state: {
+            "retry": f"{state.candidate}/{int(time.time())}",
+            "abort": None,
+            "promote": None,
+            "endStep": None,
+        },
+        lambda before: lambda now: now.phase in CANDIDATE_PHASES - {"RollingBack"},
+        "started again: its pods start beside the stable revision, and it gets no traffic before it agrees",
     ),
     "abort": Action(
         CANDIDATE_PHASES - {"RollingBack"},
         lambda state: {"abort": state.candidate},
-        lambda state: state.phase in ("RollingBack", "RolledBack"),
+        lambda before: lambda now: now.phase in ("RollingBack", "RolledBack"),
         "aborted: no traffic to it from now, its pods drain",
     ),
     "pause": Action(
         frozenset({"Agreement", "Progressing", "Paused"}),
         lambda state: {"paused": True},
         # In Agreement nothing moves yet: the rollout holds at its first step once the check passed.
-        lambda state: state.reason == "PausedBySpec" or state.phase == "Agreement",
+        lambda before: lambda now: now.reason == "PausedBySpec" or now.phase == "Agreement",
         "held at its step (a failing analysis still rolls it back)",
     ),
     "resume": Action(
         frozenset({"Agreement", "Progressing", "Paused"}),
         lambda state: {"paused": False},
-        lambda state: state.reason != "PausedBySpec",
+        lambda before: lambda now: now.reason != "PausedBySpec",
         "resumed",
     ),
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=["status", *ACTIONS], help="see the rollout, or steer it")
+    parser.add_argument(
+        "action",
+        choices=["status", "promote", "abort", "retry", "pause", "resume"],
+        help="see the rollout, or steer it",
+    )
+    parser.add_argument(
+        "--full", action="store_true", help="promote: every remaining step skipped, not only the current one"
+    )
     parser.add_argument("name", help="the InferenceService")
     parser.add_argument("-n", "--namespace", default="default", help="its namespace (default: default)")
     parser.add_argument("--watch", action="store_true", help="status: print each change until the rollout ends")
@@ -83,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     api = KubeApi(load_client(1), FIELD_MANAGER)
     if args.action == "status":
         return show(api, args.namespace, args.name, args.watch, args.json)
-    return steer(api, args.namespace, args.name, args.action, args.timeout)
+    action = "promote --full" if args.action == "promote" and args.full else args.action
+    return steer(api, args.namespace, args.name, action, args.timeout)
 
 
 def rollout_of(api: KubeApi, namespace: str, name: str) -> tuple[dict[str, Any], RolloutStatus]:
@@ -107,12 +146,13 @@ def steer(api: KubeApi, namespace: str, name: str, action: str, timeout: float) 
     found, state = rollout_of(api, namespace, name)
     check_action(name, action, found.get("spec") or {}, state)
     wanted = ACTIONS[action]
+    taken = wanted.taken(state)
     written = time.monotonic()
     api.patch_spec(namespace, name, {"rollout": wanted.spec(state)})
     while True:
         _, now = rollout_of(api, namespace, name)
         took = time.monotonic() - written
-        if wanted.taken(now):
+        if taken(now):
             print(f"{name}: revision {state.candidate} {wanted.done} ({now.phase}, {took:.1f} s after the patch)")
             return 0
         if took > timeout:

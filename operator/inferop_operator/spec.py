@@ -682,6 +682,35 @@ class Agreement(Section):
         return agreement_test(self.min_agreement, self.tolerance, outputs, self.max_samples)
 
 
+REVISION_STEP_PATTERN = r"^[0-9a-f]{1,64}/[0-9]{1,2}$"
+
+
+class Webhook(Section):
+    """Where each decision of a rollout is posted as JSON (a phase, reason or traffic changed: what its Events say),
+    in order, from a thread of the operator's own: a receiver that is slow or down never holds a rollout up."""
+
+    url: str = Field(
+        min_length=8,
+        max_length=2048,
+        pattern=r"^https?://[^\s/$.?#][^\s]*$",
+        description="http:// or https:// URL the operator POSTs each decision to (application/json).",
+    )
+    timeout_seconds: int = Field(default=5, ge=1, le=60, description="Each attempt's time limit.")
+    attempts: int = Field(
+        default=3, ge=1, le=10, description="Attempts a decision gets, 1 s apart and doubling, before it is dropped."
+    )
+
+
+class StepPause(Section):
+    """A hold at one step after its stepSeconds passed: its traffic stays and its analyses go on (a failure still
+    rolls back), for `seconds` or, unset, until promoted (`inferop rollout promote`)."""
+
+    at_weight: int = Field(ge=0, le=100, description="The step it holds at, by its weight (one of steps).")
+    seconds: int | None = Field(
+        default=None, ge=1, le=7 * 86_400, description="How long it holds; unset: until promoted."
+    )
+
+
 class Rollout(Section):
     """How a changed model or serving config replaces the running one: the candidate runs beside the stable
     revision, agrees with it on held-out inputs, then takes traffic step by step, each step analysed; a failed
@@ -722,8 +751,30 @@ class Rollout(Section):
     abort: str | None = Field(
         default=None,
         max_length=64,
-        description="A candidate revision to roll back now; it stays rolled back until the spec names another.",
+        description="A candidate revision to roll back now; it stays rolled back until the spec names another, or "
+        "until retried.",
     )
+    end_step: str | None = Field(
+        default=None,
+        pattern=REVISION_STEP_PATTERN,
+        description="REVISION/STEP (status.rollout.candidate and .step, as `inferop rollout promote` writes them): "
+        "that step ends now, its time or pause cut short, and the next begins (after the last, the candidate is "
+        "promoted); a step whose last analysis failed does not end. It names one step, so it acts once.",
+    )
+    retry: str | None = Field(
+        default=None,
+        max_length=80,
+        description="Start the rollout of a rolled-back candidate again from its agreement check: a value beginning "
+        "with the candidate revision (status.rollout.candidate) and differing from status.rollout.retried, as "
+        "`inferop rollout retry` writes it (REVISION/TIME); the spec must still serve that revision, and abort must "
+        "not name it.",
+    )
+    pauses: list[StepPause] = Field(
+        default_factory=list,
+        max_length=20,
+        description="Holds at steps, after their stepSeconds: for a time, or until promoted.",
+    )
+    webhook: Webhook | None = Field(default=None, description="Receives each decision of the rollout as JSON.")
 
     @model_validator(mode="after")
     def _steps(self) -> Rollout:
@@ -734,7 +785,17 @@ class Rollout(Section):
             )
         if any(later <= earlier for earlier, later in zip(self.steps, self.steps[1:], strict=False)):
             raise ValueError(f"steps {self.steps} must increase")
+        for index, pause in enumerate(self.pauses):
+            if pause.at_weight not in self.steps:
+                raise ValueError(f"pauses[{index}].atWeight {pause.at_weight} is not one of steps {self.steps}")
+        weights = [pause.at_weight for pause in self.pauses]
+        if len(set(weights)) != len(weights):
+            raise ValueError(f"pauses hold at the weights {weights}: at most one pause a step")
         return self
+
+    def pause_at(self, step: int) -> StepPause | None:
+        """The pause that holds at step `step` (an index of steps), if any."""
+        return next((pause for pause in self.pauses if pause.at_weight == self.steps[step]), None)
 
 
 class Serving(Section):

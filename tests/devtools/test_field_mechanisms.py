@@ -128,3 +128,54 @@ def test_the_pods_own_figures_match_what_its_callers_got(model_repo: ExportedRep
     assert calm.full_batch_rate is not None and calm.full_batch_rate >= closed.throughput, (calm, closed.throughput)
     for work in (calm, flooded):
         assert work.model_cpu_share is not None and 0 < work.model_cpu_share < 1, work
+
+
+def resident_mib(pid: int) -> float:
+    """Resident memory of process `pid` and its children (Triton's python stubs), in MiB."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    total = 0
+    for each in [pid, *map(int, children)]:
+        status = Path(f"/proc/{each}/status").read_text()
+        total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+    return total / 1024
+
+
+def test_armed_faults_act_only_once_their_file_is_made(model_repo: ExportedRepo, tmp_path: Path) -> None:
+    """The rollout drill's late faults: before the arm file exists the model answers every board and keeps its
+    memory; once it is made, a board holding the fail value fails, the others are answered, and each execution
+    keeps the leak's MiB."""
+    from http.client import HTTPException
+
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    from inferop.serving.tritonserver import TritonServer, free_port
+
+    serving = served_copy(model_repo, "conv_net", tmp_path / "repo")
+    plain = np.zeros((1, *serving.inputs[0].dims), dtype=np.float32)
+    marked = plain.copy()
+    marked.flat[0] = 0.5
+    arm_file = tmp_path / "armed"
+    env = {"INFEROP_FAULT_ARM_FILE": str(arm_file), "INFEROP_FAULT_FAIL_VALUE": "0.5", "INFEROP_FAULT_LEAK_MIB": "64"}
+
+    def answered(url: str, board: np.ndarray) -> bool:
+        client = httpclient.InferenceServerClient(url, network_timeout=30)
+        request = httpclient.InferInput(serving.inputs[0].name, list(board.shape), "FP32")
+        request.set_data_from_numpy(board)
+        try:
+            client.infer("conv_net", [request])
+            return True
+        except (InferenceServerException, HTTPException, OSError):  # an error answer, or the connection closed
+            return False
+        finally:
+            client.close()
+
+    with TritonServer(tmp_path / "repo", http_port=free_port(), env=env) as server:
+        assert server.process is not None
+        before = resident_mib(server.process.pid)
+        assert answered(server.url, marked) and answered(server.url, plain)
+        assert resident_mib(server.process.pid) < before + 64
+        arm_file.touch()
+        assert not answered(server.url, marked)
+        assert answered(server.url, plain) and answered(server.url, plain)
+        assert resident_mib(server.process.pid) > before + 2.5 * 64  # three executions armed, 64 MiB each

@@ -1,35 +1,44 @@
-"""One promotion and one rollback through the real data plane on the local cluster's node: the rollout drill's quick
-run (a good candidate, with the chart's dashboard read mid-rollout, then one that fails on some inputs) as its own
-process, since it enters the node's network namespace (see inferop_devtools.drills.rollout; `make drills` runs all
-of its candidates at full length)."""
+"""Rollouts through the real data plane on the local cluster's node: the rollout drill's quick run as its own process,
+since it enters the node's network namespace (see inferop_devtools.drills.rollout; `make drills` runs all of its
+candidates at full length). A quick set that covers each kind of decision: a good candidate promoted (with the chart's
+dashboard read mid-rollout), one that fails on some inputs rolled back within its first step's budget, one whose
+servers crash and one that regresses late in a long step, each back at weight 0 within an interval, and a user
+steering a rollout with `inferop rollout`."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from pathlib import Path
+from typing import Any
 
 import pytest
 
 from inferop_devtools.drills.rollout import ENVOY_CHURN
 
 pytestmark = pytest.mark.integration
+SCENARIOS = ("good", "failing", "crash", "late", "steer")
 
 
-def test_a_good_candidate_is_promoted_and_a_failing_one_rolled_back(tmp_path: Path) -> None:
-    figures = tmp_path / "rollout.json"
-    argv = [sys.executable, "-m", "inferop_devtools.drills.rollout", "--quick", "--scenarios=good,failing"]
+@pytest.fixture(scope="module")
+def drill(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("rollout")
+    figures = root / "rollout.json"
+    argv = [sys.executable, "-m", "inferop_devtools.drills.rollout", "--quick", f"--scenarios={','.join(SCENARIOS)}"]
     result = subprocess.run(
-        [*argv, f"--json={figures}", f"--workdir={tmp_path / 'work'}"],
+        [*argv, f"--json={figures}", f"--workdir={root / 'work'}"],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,
         check=False,
     )
     assert figures.exists(), result.stderr[-4000:]
-    found = json.loads(figures.read_text())
-    good, failing = found["scenarios"]["good"], found["scenarios"]["failing"]
+    found: dict[str, Any] = json.loads(figures.read_text())
+    return found
+
+
+def test_a_good_candidate_is_promoted_and_a_failing_one_rolled_back(drill: dict[str, Any]) -> None:
+    good, failing = drill["scenarios"]["good"], drill["scenarios"]["failing"]
     seen = json.dumps({key: good[key] for key in ("callers", "transitions", "envoy")}, indent=1)
     assert (good["final"], good["callers"]["failed"], good["failed_at_weight_changes"]) == ("Succeeded", 0, 0), seen
     # Every step moved the route's endpoints: Envoy added no cluster that a weight change would route to too soon.
@@ -42,5 +51,30 @@ def test_a_good_candidate_is_promoted_and_a_failing_one_rolled_back(tmp_path: Pa
     assert (failing["final"], failing["reason"]) == ("RolledBack", "AnalysisFailed")
     assert 0 < failing["callers"]["failed"] <= failing["failed_bound"]
     assert "failure ratio" in failing["message"]
-    assert found["operator_tracebacks"] == []
-    assert found["met"], json.dumps([s["goals"] for s in found["scenarios"].values()], indent=1)
+    assert drill["operator_tracebacks"] == []
+
+
+@pytest.mark.parametrize("scenario", ["crash", "late"])
+def test_a_candidate_that_breaks_mid_step_is_back_at_weight_0_within_an_interval(
+    drill: dict[str, Any], scenario: str
+) -> None:
+    broken = drill["scenarios"][scenario]
+    interval = drill["settings"]["interval_seconds"]
+    seen = json.dumps({key: broken.get(key) for key in ("message", "transitions", "analyses", "fault")}, indent=1)
+    assert broken["final"] == "RolledBack", seen
+    assert broken["seconds_from_fault_to_weight_0"] <= interval + 2, seen
+    assert broken["failed_after_fault"] <= broken["failed_bound"], seen
+    if scenario == "crash":  # no metrics from a server that is gone: the API's restart rolls it back
+        assert broken["reason"] in ("CandidateRestarted", "CandidateUnavailable"), seen
+
+
+def test_inferop_rollout_steers_within_one_reconcile(drill: dict[str, Any]) -> None:
+    steer = drill["scenarios"]["steer"]
+    assert steer["final"] == "Succeeded", json.dumps(steer["transitions"], indent=1)
+    for action, taken in steer["steered"].items():
+        assert taken["exit"] == 0 and taken["seconds"] is not None and taken["seconds"] < 5, (action, taken)
+    assert steer["callers"]["failed"] == 0
+
+
+def test_every_goal_is_met(drill: dict[str, Any]) -> None:
+    assert drill["met"], json.dumps([s["goals"] for s in drill["scenarios"].values()], indent=1)

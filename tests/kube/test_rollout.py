@@ -18,7 +18,7 @@ import yaml
 
 from inferop_devtools.cluster.controlplane import KubernetesRelease
 from inferop_operator.identity import CONFIG_HASH_ANNOTATION
-from tests.helpers import wait_for
+from tests.helpers import WebhookReceiver, wait_for
 from tests.kube.helpers import GATEWAY_API, Kubectl, apply_text, condition, manifest, runs_pods
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("operator")]
@@ -96,11 +96,13 @@ def inferop_rollout(kubectl: Kubectl, *args: str) -> subprocess.CompletedProcess
 
 
 def test_inferop_rollout_sees_and_steers_the_rollout(
-    kubectl: Kubectl, namespace: str, measured: Callable[[str], None]
+    kubectl: Kubectl, namespace: str, kubernetes: KubernetesRelease, measured: Callable[[str], None]
 ) -> None:
-    """pause, a promote the phase refuses, status and abort, each through the spec field the operator acts on."""
+    """pause, a promote the phase refuses, status, abort and retry, each through the spec field the operator acts
+    on; the webhook receives each move."""
     name = "steered"
-    apply_text(kubectl, namespace, manifest(name, rollout=ROLLOUT))
+    receiver = WebhookReceiver(failures=1)  # the operator runs on this machine: 127.0.0.1 reaches it
+    apply_text(kubectl, namespace, manifest(name, rollout={**ROLLOUT, "webhook": {"url": receiver.url}}))
     wait_for(lambda: rollout_of(kubectl, name, namespace).get("stable"), what="the stable revision in the status")
     patch(kubectl, name, namespace, {"batching": {"maxBatchSize": 8}})
     state = wait_for(
@@ -113,7 +115,8 @@ def test_inferop_rollout_sees_and_steers_the_rollout(
     refused = inferop_rollout(kubectl, "promote", name, "-n", namespace)
     assert refused.returncode == 2
     assert f"cannot promote {name}: its rollout is Agreement (only in Paused, Progressing)" in refused.stderr
-    assert "promote" not in (kubectl.get("infsvc", name, namespace) or {})["spec"]["rollout"]  # nothing written
+    written = (kubectl.get("infsvc", name, namespace) or {})["spec"]["rollout"]
+    assert not {"endStep", "promote"} & set(written)  # nothing written
     shown = inferop_rollout(kubectl, "status", name, "-n", namespace)
     assert shown.stdout.startswith("Agreement:") and f"candidate {state['candidate']}" in shown.stdout, shown.stderr
 
@@ -121,6 +124,25 @@ def test_inferop_rollout_sees_and_steers_the_rollout(
     assert aborted.returncode == 0, aborted.stderr + aborted.stdout
     assert (rollout_of(kubectl, name, namespace)["reason"]) == "Aborted"
     measured(aborted.stdout.strip())
+    if runs_pods(kubernetes):  # the candidate drains, then goes: the rollout ends, and may be retried
+        wait_for(
+            lambda: rollout_of(kubectl, name, namespace).get("phase") == "RolledBack", what="RolledBack", timeout=60
+        )
+        retried = inferop_rollout(kubectl, "retry", name, "-n", namespace)
+        assert retried.returncode == 0, retried.stderr + retried.stdout
+        again = rollout_of(kubectl, name, namespace)
+        assert (again["phase"], again["candidate"]) == ("Agreement", state["candidate"])
+        assert again["retried"].startswith(f"{state['candidate']}/")
+        assert "abort" not in (kubectl.get("infsvc", name, namespace) or {})["spec"]["rollout"]
+        measured(retried.stdout.strip())
+
+    def phases() -> list[tuple[str, str, str | None]]:
+        posted = receiver.accepted
+        return [(each["name"], each["rollout"]["phase"], each["rollout"].get("reason")) for each in posted]
+
+    wait_for(lambda: (name, "RollingBack", "Aborted") in phases(), what="the abort posted to the webhook")
+    assert phases()[0] == (name, "Agreement", "CandidateStarting"), phases()  # its first post failed, then retried
+    receiver.server.shutdown()
     missing = inferop_rollout(kubectl, "status", "nowhere", "-n", namespace)
     assert (missing.returncode, missing.stderr.strip()) == (
         2,

@@ -164,6 +164,21 @@ class TestDecide:
         done = state.model_copy(update={"phase": "RolledBack"})
         assert decide(candidate, revision_of(candidate, IMAGE), done, "gateway", T0 + 90) == done
 
+    def test_a_retry_starts_the_rolled_back_candidate_again_once(self) -> None:
+        _, state = started()
+        done = state.model_copy(update={"phase": "RolledBack", "reason": "AnalysisFailed", "weight": 0})
+        token = f"{state.candidate}/1800000100"
+        retried = parse_spec(raw_spec(instances=2, rollout={**ROLLOUT, "retry": token}))
+        again = decide(retried, revision_of(retried, IMAGE), done, "gateway", T0 + 100)
+        assert (again.phase, again.reason, again.candidate, again.weight, again.retried) == (
+            "Agreement", "CandidateStarting", state.candidate, 0, token,
+        )  # fmt: skip
+        assert again.message is not None and again.message.startswith("retried by spec.rollout.retry: revision")
+        rolled_back_again = again.model_copy(update={"phase": "RolledBack"})
+        assert decide(retried, revision_of(retried, IMAGE), rolled_back_again, "gateway", T0 + 200) == rolled_back_again
+        other = parse_spec(raw_spec(instances=2, rollout={**ROLLOUT, "retry": "0123456789/1"}))
+        assert decide(other, revision_of(other, IMAGE), done, "gateway", T0 + 100) == done  # not this candidate
+
 
 class TestAgreementPhase:
     def test_it_waits_for_the_candidates_pods(self) -> None:
@@ -284,6 +299,48 @@ class TestSteps:
         assert advance(state, rollout_of(promote=state.candidate), Observed(T0 + 1), {}).phase == "Promoting"
         aborted = advance(state, rollout_of(abort=state.candidate), Observed(T0 + 1), {})
         assert (aborted.phase, aborted.reason, aborted.weight) == ("RollingBack", "Aborted", 0)
+
+    def test_end_step_ends_the_named_step_at_once_and_only_that_one(self) -> None:
+        state = at_step(0)
+        rollout = rollout_of(endStep=f"{state.candidate}/0")
+        moved = advance(state, rollout, Observed(T0 + 1), {})  # no analysis due: it does not wait for one
+        assert (moved.phase, moved.reason, moved.step, moved.scaling_for) == ("Progressing", "CandidateScaling", 0, 25)
+        entered = advance(moved, rollout, Observed(T0 + 3, candidate_ready=True), {})
+        settled = advance(entered, rollout, Observed(T0 + 4, traffic_settled=True), {})
+        assert (settled.step, settled.weight) == (1, 25)
+        assert advance(settled, rollout, Observed(T0 + 5), {}) == settled  # it named step 0, not this one
+        last = advance(at_step(2), rollout_of(endStep=f"{state.candidate}/2"), Observed(T0 + 1), {})
+        assert (last.phase, last.reason, last.weight) == ("Promoting", "PromotedBySpec", 100)
+
+    def test_end_step_leaves_a_step_whose_analysis_failed(self) -> None:
+        state = at_step(0, settled_at=T0)
+        rollout = rollout_of(endStep=f"{state.candidate}/0", analysis={**ROLLOUT["analysis"], "failureLimit": 2})
+        failing = advance(state, rollout_of(analysis=rollout.analysis.model_dump(by_alias=True)),
+                          Observed(T0 + 10, analysis=analysed("Failed", T0 + 10)), {})  # fmt: skip
+        assert failing.reason == "AnalysisFailing"
+        assert advance(failing, rollout, Observed(T0 + 11), {}).step == 0
+
+    def test_a_timed_pause_holds_after_the_step_then_goes_on(self) -> None:
+        rollout = rollout_of(pauses=[{"atWeight": 5, "seconds": 120}])
+        held = advance(at_step(0), rollout, Observed(T0 + 60, analysis=analysed("Passed", T0 + 60)), {})
+        assert (held.phase, held.reason, held.weight) == ("Paused", "PausedAtStep", 5)
+        assert "holds for 120 s more" in held.message
+        still = advance(held, rollout, Observed(T0 + 170, analysis=analysed("Passed", T0 + 170)), {})
+        assert (still.phase, still.scaling_for) == ("Paused", None)
+        failed = advance(held, rollout, Observed(T0 + 100, analysis=analysed("Failed", T0 + 100)), {})
+        assert failed.phase == "RollingBack"  # its analyses go on
+        done = advance(still, rollout, Observed(T0 + 180, analysis=analysed("Passed", T0 + 180)), {})
+        assert (done.reason, done.scaling_for) == ("CandidateScaling", 25)
+
+    def test_a_pause_without_seconds_holds_until_its_step_is_ended(self) -> None:
+        rollout = rollout_of(pauses=[{"atWeight": 25}])
+        held = advance(at_step(1), rollout, Observed(T0 + 60, analysis=analysed("Passed", T0 + 60, 1)), {})
+        assert (held.phase, held.reason) == ("Paused", "PausedAtStep")
+        assert "holds until promoted" in held.message
+        day = T0 + 86_400
+        assert advance(held, rollout, Observed(day, analysis=analysed("Passed", day, 1)), {}).reason == "PausedAtStep"
+        ended = advance(held, rollout_of(pauses=[{"atWeight": 25}], endStep=f"{held.candidate}/1"), Observed(day), {})
+        assert (ended.phase, ended.reason, ended.scaling_for) == ("Progressing", "CandidateScaling", 100)
 
     def test_an_analysis_is_due_every_interval_of_a_step_in_effect(self) -> None:
         state = at_step(0)

@@ -194,6 +194,24 @@ class TestErrors:
     def test_the_p99_ratio_is_above_one(self, analysis: dict[str, Any], message: str) -> None:
         assert spec_error(raw_spec(rollout={"analysis": analysis})) == message
 
+    @pytest.mark.parametrize(
+        ("rollout", "message"),
+        [
+            (
+                {"pauses": [{"atWeight": 30}]},
+                "spec.rollout: pauses[0].atWeight 30 is not one of steps [5, 25, 50, 100]",
+            ),
+            (
+                {"pauses": [{"atWeight": 25}, {"atWeight": 25, "seconds": 60}]},
+                "spec.rollout: pauses hold at the weights [25, 25]: at most one pause a step",
+            ),
+            ({"pauses": [{"atWeight": 25, "seconds": 0}]}, "spec.rollout.pauses.0.seconds: Input should be greater"),
+            ({"endStep": "step 2"}, "spec.rollout.endStep: String should match pattern"),
+        ],
+    )
+    def test_pauses_and_end_step_name_what_is_wrong(self, rollout: dict[str, Any], message: str) -> None:
+        assert spec_error(raw_spec(rollout=rollout)).startswith(message)
+
     def test_the_p99_ratio_defaults_to_one_and_a_half(self) -> None:
         rollout = parse_spec(raw_spec(rollout={})).rollout
         assert rollout is not None and rollout.analysis.max_p99_ratio == 1.5

@@ -19,11 +19,17 @@ def at(phase: str | None, **fields: object) -> RolloutStatus:
 
 @pytest.mark.parametrize(
     ("action", "written"),
-    [("promote", {"promote": "bbb"}), ("abort", {"abort": "bbb"}), ("pause", {"paused": True}),
-     ("resume", {"paused": False})],
+    [("promote", {"endStep": "bbb/1"}), ("promote --full", {"promote": "bbb"}), ("abort", {"abort": "bbb"}),
+     ("pause", {"paused": True}), ("resume", {"paused": False})],
 )  # fmt: skip
 def test_each_action_writes_the_field_the_operator_acts_on(action: str, written: dict[str, object]) -> None:
     assert ACTIONS[action].spec(at("Progressing", step=1, weight=50)) == written
+
+
+def test_retry_writes_a_new_value_naming_the_candidate_and_removes_what_would_end_it() -> None:
+    written = ACTIONS["retry"].spec(at("RolledBack"))
+    assert written["abort"] is written["promote"] is written["endStep"] is None
+    assert re.fullmatch(r"bbb/[0-9]+", str(written["retry"]))
 
 
 @pytest.mark.parametrize(
@@ -33,6 +39,7 @@ def test_each_action_writes_the_field_the_operator_acts_on(action: str, written:
         ("promote", "Succeeded", "its rollout is Succeeded"),
         ("abort", "RolledBack", "cannot abort conv-net: its rollout is RolledBack"),
         ("abort", None, "cannot abort conv-net: no rollout has started"),
+        ("retry", "Progressing", "cannot retry conv-net: its rollout is Progressing (only in RolledBack)"),
         ("pause", "Promoting", "cannot pause conv-net: its rollout is Promoting"),
     ],
 )
@@ -49,11 +56,19 @@ def test_a_service_without_a_rollout_section_is_refused() -> None:
 
 
 def test_each_action_is_taken_up_when_the_status_shows_it() -> None:
-    assert ACTIONS["promote"].taken(at("Promoting")) and not ACTIONS["promote"].taken(at("Progressing"))
-    assert ACTIONS["abort"].taken(at("RollingBack")) and not ACTIONS["abort"].taken(at("Paused"))
-    assert ACTIONS["pause"].taken(at("Paused", reason="PausedBySpec"))
-    assert not ACTIONS["pause"].taken(at("Paused", reason="NoData"))  # held for want of data, not by the spec
-    assert ACTIONS["resume"].taken(at("Progressing", reason="Resumed"))
+    def taken(action: str, before: RolloutStatus, now: RolloutStatus) -> bool:
+        return ACTIONS[action].taken(before)(now)
+
+    step = at("Progressing", step=0, weight=10)
+    assert taken("promote", step, at("Progressing", step=0, weight=10, scalingFor=50))
+    assert taken("promote", step, at("Progressing", step=1, weight=50))
+    assert not taken("promote", step, step)
+    assert taken("promote --full", step, at("Promoting")) and not taken("promote --full", step, step)
+    assert taken("abort", step, at("RollingBack")) and not taken("abort", step, at("Paused"))
+    assert taken("retry", at("RolledBack"), at("Agreement")) and not taken("retry", at("RolledBack"), at("RolledBack"))
+    assert taken("pause", step, at("Paused", reason="PausedBySpec"))
+    assert not taken("pause", step, at("Paused", reason="NoData"))  # held for want of data, not by the spec
+    assert taken("resume", step, at("Progressing", reason="Resumed"))
 
 
 def test_the_status_names_the_step_the_weight_and_what_it_waits_for() -> None:

@@ -15,14 +15,23 @@ service serving a small policy/value net:
               execution: three times the execution read 1.59-1.68x the stable revision's time a request, at the
               default gate of 1.5x, and was rolled back at one step or the next by chance; six reads well beyond it
     failing   a build that errors on boards holding 0.5 (INFEROP_FAULT_FAIL_VALUE), which the held-out boards
-              never hold and a tenth of live requests do: rolled back
+              never hold and a tenth of live requests do: rolled back within its first step's error budget
+    failing_ungated  the same with the failure gate removed (maxFailureRatioIncrease 1): the budget is exceeded
+    crash     the candidate's servers killed at a step with live requests: no metrics from them, Envoy's
+              connections refused; rolled back on the restart the API shows, within an interval
+    oom       a build that leaks at a step with live requests until its memory limit kills its model's process:
+              rolled back within an interval
+    late      the failing build's fault from 80% of a step six intervals long: caught within an interval of its start
+    starting  a build whose pods take 20 s more to load: every weight waits for its pods, no request fails
+    steer     `inferop rollout` promote (a step held by a pause), abort, retry and promote --full, each timed
     wrong     other weights (another seed): fast, no errors, different answers: never gets a live request
     near      the same model with one move's policy bias raised, so that its top-1 move differs on 3% of the check's
               inputs (0.97 agreement, below minAgreement - tolerance): refused with the bound, no live request
     shadow    20% of live requests mirrored while its weight is 0: what reaches it, what callers get from it
     header    `x-inferop-candidate: 1` callers: where they go, and where the others go
-    second    a second rollout right after a promotion: no route left from the first
-    kill      the operator SIGKILLed at a step: it resumes at that step
+    second    a second rollout right after a promotion: no route left from the first, on the HTTPRoute and on
+              the traffic Envoy sends afterwards
+    kill      the operator SIGKILLed at a random moment of a random step after the first: it resumes there
     blind     Prometheus stopped mid-rollout: the rollout pauses, and resumes when it is back
 """
 
@@ -33,6 +42,9 @@ import json
 import logging
 import math
 import os
+import random
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -61,7 +73,8 @@ from inferop_devtools.gateway.plane import (
 )
 from inferop_operator.analysis import series_label
 from inferop_operator.builders import ENVOY_GATEWAY_GROUP
-from inferop_operator.identity import COMPONENT, COMPONENTS, INSTANCE
+from inferop_operator.identity import COMPONENT, COMPONENTS, INSTANCE, TRITON_CONTAINER
+from inferop_operator.rollout import DRAIN_SECONDS
 
 log = logging.getLogger("rollout-drill")
 MODEL = "conv_net"
@@ -84,6 +97,13 @@ ENVOY_NO_CLUSTER = f"http.http-{LISTENER_PORT + 10_000}.no_cluster"
 ENVOY_CHURN = ("cluster_manager.cluster_added", ENVOY_NO_CLUSTER)
 ENDED = ("Succeeded", "RolledBack")  # a rollout's final phases
 P99 = 0.99
+ARM_FILE = "/tmp/inferop-fault"  # in a candidate's Triton container (an emptyDir): its armed faults act once made
+LEAK_MIB = 16  # the leaking build keeps this much more after each execution: past 1Gi within seconds at its weight
+LATE_STEPS = 6  # the late regression's step, in analysis intervals
+LATE_SHARE = 0.8  # of that step, when it starts failing
+KILL_STEPS = [25, 50, 100]  # the kill scenario's steps where the drill's have fewer than three
+STEERED_SECONDS = 5.0  # an action of `inferop rollout` is taken up within one reconcile: the operator's tick and more
+STARTING_SECONDS = 20  # the slow-starting build's extra load time: several of the operator's ticks at each step
 
 
 @dataclass(frozen=True)
@@ -120,9 +140,9 @@ def track_cpu(component: str) -> int | None:
     return cpus[-1] if component == COMPONENTS["stable"] else cpus[0]
 
 
-def fault(name: str, value: object) -> dict[str, Any]:
-    """The serving container's environment with one of the faults the image's model reads (inferop.serving.model)."""
-    return {"runtime": {"env": [{"name": name, "value": str(value)}]}}
+def fault(**env: object) -> dict[str, Any]:
+    """The serving container's environment with faults the image's model reads (inferop.serving.model)."""
+    return {"runtime": {"env": [{"name": name, "value": str(value)} for name, value in env.items()]}}
 
 
 @dataclass
@@ -546,7 +566,7 @@ class Drill:
         )
 
     def slow(self) -> dict[str, Any]:
-        slow = {**self.model_with(weights="random (seed 0), slow build"), **fault("INFEROP_FAULT_SLOWDOWN", SLOWDOWN)}
+        slow = {**self.model_with(weights="random (seed 0), slow build"), **fault(INFEROP_FAULT_SLOWDOWN=SLOWDOWN)}
         run = self.roll("slow", slow)
         took = run.exposed_to_rollback()
         limit = self.settings.interval_seconds + 2 * TICK_SECONDS
@@ -561,19 +581,221 @@ class Drill:
             ),
         )
 
-    def failing(self) -> dict[str, Any]:
+    def failing(self, gate: bool = True) -> dict[str, Any]:
+        """Rolled back within one interval of its first step with live requests: its failed requests stay within a
+        budget fixed by that step (`failure_budget`), whatever weight the rollout would have reached. Without the
+        gate (`gate` False: maxFailureRatioIncrease 1, which the gateway's checks use too) it goes on through every
+        step, and the same budget must fail: the ablation."""
         failing = self.model_with(weights="random (seed 0), fails on 0.5")
-        run = self.roll("failing", {**failing, **fault("INFEROP_FAULT_FAIL_VALUE", FAIL_VALUE)})
+        rollout = self.settings.rollout() if gate else self.settings.rollout(
+            analysis={**self.settings.rollout()["analysis"], "maxFailureRatioIncrease": 1}
+        )  # fmt: skip
+        run = self.roll("failing", {**failing, **fault(INFEROP_FAULT_FAIL_VALUE=FAIL_VALUE)}, rollout)
         failed = run.callers["failed"]
-        weight = max((t["weight"] or 0 for t in run.observer.transitions), default=0)
-        bound = 2 * weight / 100 * self.settings.interval_seconds * self.settings.rate
+        bound = self.failure_budget(FAILING_SHARE)
+        judged = (
+            ("rolled back by its analysis", run.rolled_back_by("AnalysisFailed")),
+            (f"failed requests within the first step's budget ({bound:.0f})", failed <= bound),
+        )
+        if gate:
+            return run.report(failed_bound=round(bound, 1), goals=goals(*judged))
         return run.report(
             failed_bound=round(bound, 1),
+            goals_without_the_gate=goals(*judged),
+            goals=goals(("without the gate, the budget is exceeded", not judged[1][1])),
+        )
+
+    def failing_ungated(self) -> dict[str, Any]:
+        return self.failing(gate=False)
+
+    def failure_budget(self, share: float) -> float:
+        """The failed requests a candidate failing `share` of its requests may cost: its first step with live
+        requests for one analysis interval and two ticks, at the drill's rate, with four standard deviations of a
+        Poisson count and one more."""
+        weight = next(w for w in self.settings.steps if w > 0)
+        mean = share * weight / 100 * (self.settings.interval_seconds + 2 * TICK_SECONDS) * self.settings.rate
+        return mean + 4 * math.sqrt(mean) + 1
+
+    def candidate_processes(self, name: str) -> list[list[int]]:
+        """The processes of the Triton container of each of `name`'s candidate pods, from its cgroup."""
+        node = self.plane.drill.node
+        assert node is not None, "the drill runs on the node"
+        found = []
+        for pod in self.plane.triton_pods(name):
+            if pod["metadata"]["labels"][COMPONENT] != COMPONENTS["candidate"]:
+                continue
+            statuses = pod["status"].get("containerStatuses") or []
+            container = next((c for c in statuses if c["name"] == TRITON_CONTAINER and c.get("containerID")), None)
+            if container is not None:
+                found.append(node.site.container_pids(pod["metadata"]["uid"], container["containerID"]))
+        return [pids for pids in found if pids]
+
+    def arm(self, name: str) -> int:
+        """ARM_FILE made in the Triton container of each of `name`'s candidate pods (through a process of it, whose
+        root is the container's file system): their armed faults act from now. Returns the containers armed."""
+        containers = self.candidate_processes(name)
+        for pids in containers:
+            Path(f"/proc/{pids[0]}/root{ARM_FILE}").touch()
+        return len(containers)
+
+    def kill_servers(self, name: str) -> int:
+        """Each of `name`'s candidate tritonservers ended by SIGKILL, as a crash or the kernel ends it: the
+        container's first process, which a signal from inside its PID namespace (a model's stub) cannot end."""
+        containers = self.candidate_processes(name)
+        for pids in containers:
+            for pid in pids:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "tritonserver":
+                    os.kill(pid, signal.SIGKILL)
+        return len(containers)
+
+    def broken(
+        self,
+        name: str,
+        build: str,
+        env: dict[str, object],
+        into_step: float = 0.0,
+        rollout: dict[str, Any] | None = None,
+        start: Callable[[str], int] | None = None,
+    ) -> dict[str, Any]:
+        """A candidate that passes its agreement check and serves well, until its fault starts (`start`, by default
+        `arm`: the faults of `env` act) `into_step` of the way through the first step that sends it live requests:
+        rolled back within one analysis interval of the fault's start, with at most the requests its weight takes in
+        that interval failed, and 1% of all the callers' requests."""
+        rollout = rollout or self.settings.rollout()
+        begin = start or self.arm
+        change = {
+            **self.model_with(weights=f"random (seed 0), {build}"),
+            **fault(**env, INFEROP_FAULT_ARM_FILE=ARM_FILE),
+        }
+
+        def arm_in_step(service: str, observer: Observer) -> dict[str, Any]:
+            state = wait_for(
+                lambda: (s := observer.state()).get("stepStartedAt") and (s.get("weight") or 0) > 0 and s,
+                "a step that sends the candidate live requests", self.timeout(),
+            )  # fmt: skip
+            started = observer.when(lambda t: bool(t["stepStartedAt"]) and (t["weight"] or 0) > 0) or time.monotonic()
+            time.sleep(max(0.0, started + into_step * rollout["stepSeconds"] - time.monotonic()))
+            armed = begin(service)
+            return {"at": time.monotonic(), "step": state["step"], "weight": state["weight"], "containers": armed}
+
+        run = self.roll(name, change, rollout, during=arm_in_step)
+        assert run.seen is not None
+        armed_at, weight = run.seen["at"], run.seen["weight"]
+        back = run.observer.when(lambda t: t["at"] >= armed_at and t["weight"] == 0)
+        took = round(back - armed_at, 1) if back is not None else None
+        interval = self.settings.interval_seconds
+        limit = interval + 2 * TICK_SECONDS
+        after = [s for s in run.outcomes if s.at >= armed_at]
+        failed = sum(1 for s in after if s.kind != "ok")
+        bound = weight / 100 * interval * self.settings.rate + 0.01 * len(run.outcomes)
+        return run.report(
+            fault={"step": run.seen["step"], "weight": weight, "containers": run.seen["containers"],
+                   "seconds_into_step": round(into_step * rollout["stepSeconds"], 1)},
+            seconds_from_fault_to_weight_0=took,
+            failed_after_fault=failed,
+            failed_bound=round(bound, 1),
             goals=goals(
-                ("rolled back by its analysis", run.rolled_back_by("AnalysisFailed")),
-                (f"failed requests at most weight x interval x rate, plus one interval ({bound:.0f})", failed <= bound),
+                ("the fault made in a candidate container at least", run.seen["containers"] > 0),
+                ("rolled back", run.final.get("phase") == "RolledBack"),
+                (f"back at weight 0 within one analysis interval of the fault (+2 ticks: {limit:g} s)",
+                 took is not None and took <= limit),
+                (f"failed requests at most weight x interval x rate + 1% of all ({bound:.0f})", failed <= bound),
+            ),
+        )  # fmt: skip
+
+    def crash(self) -> dict[str, Any]:
+        """The candidate's servers end (SIGKILL) at a step with live requests: no Triton metrics from them, Envoy's
+        connections refused while the kubelet restarts them; the API shows the restart."""
+        return self.broken("crash", "crashes", {}, start=self.kill_servers)
+
+    def oom(self) -> dict[str, Any]:
+        """Every execution keeps LEAK_MIB more once armed, until the pod's memory limit kills the model's process
+        (in this image the python backend's stub, which Triton starts again: the container is not restarted, so
+        callers and the analysis see it, not the API)."""
+        return self.broken("oom", "leaks", {"INFEROP_FAULT_LEAK_MIB": LEAK_MIB})
+
+    def late(self) -> dict[str, Any]:
+        """The failing build's fault (a tenth of live requests), from LATE_SHARE of a step LATE_STEPS intervals long:
+        the analysis reads the last interval, so the minutes the candidate did well do not dilute it."""
+        rollout = self.settings.rollout(stepSeconds=LATE_STEPS * self.settings.interval_seconds)
+        return self.broken(
+            "late", "fails on 0.5 late", {"INFEROP_FAULT_FAIL_VALUE": FAIL_VALUE}, into_step=LATE_SHARE, rollout=rollout
+        )
+
+    def starting(self) -> dict[str, Any]:
+        """A candidate whose pods take STARTING_SECONDS more to load: each step's weight waits for the pods it
+        needs, so no weight change fails a request."""
+        change = {
+            **self.model_with(weights="random (seed 0), loads slowly"),
+            **fault(INFEROP_FAULT_LOAD_SECONDS=STARTING_SECONDS),
+        }
+        run = self.roll("starting", change)
+        at_changes = run.failed_near(run.observer.weight_changes())
+        waited = [t for t in run.observer.transitions if t["reason"] == "CandidateScaling"]
+        return run.report(
+            failed_at_weight_changes=len(at_changes),
+            steps_that_waited_for_pods=len({t["step"] for t in waited}),
+            goals=goals(
+                ("promoted", run.final.get("phase") == "Succeeded"),
+                ("a step waited for the candidate's pods", bool(waited)),
+                ("no request fails over the whole rollout", run.callers["failed"] == 0),
             ),
         )
+
+    def steered(self, name: str, action: str, *args: str) -> dict[str, Any]:
+        """`inferop rollout ACTION NAME` as a user runs it: its exit code and the seconds it says the operator
+        took to show the action in the status."""
+        inferop = Path(sys.executable).with_name("inferop")
+        argv = [str(inferop), "rollout", action, name, "-n", MODELS, *args]
+        done = subprocess.run(argv, env=self.plane.drill.env, capture_output=True, text=True, timeout=60, check=False)
+        took = re.search(r", ([0-9.]+) s after the patch\)", done.stdout)
+        log.info("inferop rollout %s: %s%s", action, done.stdout.strip(), done.stderr.strip())
+        return {"exit": done.returncode, "seconds": float(took.group(1)) if took else None}
+
+    def steer(self) -> dict[str, Any]:
+        """A user steering a rollout with `inferop rollout`: the first step holds until promoted (a pause without
+        seconds); promote ends it; at 100% abort; retry starts the candidate again; held again at the first step,
+        promote --full skips the rest. Each taken up within one reconcile (STEERED_SECONDS), no caller failing."""
+        name = "steer"
+        weight = self.settings.steps[0]
+        rollout = self.settings.rollout(pauses=[{"atWeight": weight}])
+        seen: dict[str, Any] = {}
+        with self.service(name, rollout) as observer:
+            traffic = self.traffic(name)
+            time.sleep(3)
+            changed = self.change(name, {"batching": {"maxQueueDelayMicroseconds": 0}})
+
+            def held() -> dict[str, Any]:
+                return wait_for(
+                    lambda: (s := observer.state()).get("reason") == "PausedAtStep" and s,
+                    "the first step held by its pause", self.timeout(),
+                )  # fmt: skip
+
+            first = held()
+            time.sleep(self.settings.interval_seconds)  # held past its time: it does not move on by itself
+            seen["held_past_its_step"] = observer.state().get("reason") == "PausedAtStep"
+            seen["promote"] = self.steered(name, "promote")
+            wait_for(lambda: observer.state().get("weight") == 100, "the last step", self.timeout())
+            seen["abort"] = self.steered(name, "abort")
+            observer.final(self.timeout())
+            seen["retry"] = self.steered(name, "retry")
+            held()
+            seen["promote_full"] = self.steered(name, "promote", "--full")
+            final = observer.final(self.timeout())
+            outcomes = traffic.stop()
+        actions = ("promote", "abort", "retry", "promote_full")
+        taken = {a: seen[a]["exit"] == 0 and (seen[a]["seconds"] or math.inf) < STEERED_SECONDS for a in actions}
+        return {
+            "held_at": {"step": first.get("step"), "weight": first.get("weight")}, "final": final.get("phase"),
+            "steered": {a: seen[a] for a in actions}, "callers": callers([s for s in outcomes if s.at >= changed]),
+            "transitions": relative(observer.transitions, changed),
+            "goals": goals(
+                ("the first step holds past its time until promoted", seen["held_past_its_step"]),
+                *((f"{a.replace('_', ' --')} taken up within {STEERED_SECONDS:g} s", taken[a]) for a in actions),
+                ("then promoted", final.get("phase") == "Succeeded"),
+                ("no caller fails", callers([s for s in outcomes if s.at >= changed])["failed"] == 0),
+            ),
+        }  # fmt: skip
 
     def wrong(self) -> dict[str, Any]:
         other = {
@@ -768,6 +990,12 @@ class Drill:
             second = observer.final(self.timeout())
             outcomes = traffic.stop()
             route = self.plane.route(name) or {}
+            time.sleep(DRAIN_SECONDS)  # Envoy has applied the route the rollout ended with
+            observer.sample()
+            before = (observer.received("predictor"), observer.received("canary"))
+            after_both = self.burst(name, [(self.boards["plain"], 1.0)], 5.0)
+            observer.sample()
+            served = (observer.received("predictor") - before[0], observer.received("canary") - before[1])
         later = [t for t in observer.transitions if t["at"] >= changed]
         weights = [t["weight"] for t in later if t["phase"] in ("Agreement", "Progressing")]
         rules = route.get("spec", {}).get("rules", [])
@@ -779,19 +1007,28 @@ class Drill:
             "first": first.get("phase"), "second": second.get("phase"), "weights_of_the_second": weights,
             "reason": second.get("reason"), "message": second.get("message"), "analyses": observer.analyses,
             "route_rules_after": rules, "callers": callers([s for s in outcomes if s.at >= changed]),
+            "afterwards": {"sent": len(after_both), "stable": served[0], "candidate": served[1]},
             "goals": goals(
                 ("both promoted", first.get("phase") == second.get("phase") == "Succeeded"),
                 ("the second starts from 0%, not from the first's 100%", bool(weights) and weights[0] == 0),
                 ("no stale route: every backend the stable Service; no match, no mirror", clean),
+                (
+                    "through Envoy afterwards, every request answered by the stable pods",
+                    served == (len(after_both), 0) and callers(after_both)["failed"] == 0,
+                ),
                 ("no candidate pod left", not leftovers),
             ),
         }  # fmt: skip
 
     def kill(self) -> dict[str, Any]:
-        """The operator SIGKILLed with the candidate at a step past the first: it resumes at that step."""
+        """The operator SIGKILLed with the candidate at a random moment of a random step after the first, where
+        traffic is split (three steps at least, in the quick run too): it resumes at that step."""
         name = "kill"
-        step = len(self.settings.steps) - 2  # the step before the last (100%): traffic is split
-        with self.service(name, self.settings.rollout()) as observer:
+        steps = self.settings.steps if len(self.settings.steps) >= 3 else KILL_STEPS
+        chance = random.Random()
+        step = chance.randrange(1, len(steps) - 1)
+        into_step = chance.uniform(0.0, 0.8) * self.settings.step_seconds
+        with self.service(name, self.settings.rollout(steps=steps)) as observer:
             traffic = self.traffic(name)
             time.sleep(3)
             changed = self.change(name, {"batching": {"maxQueueDelayMicroseconds": 0}})
@@ -800,6 +1037,7 @@ class Drill:
                 f"step {step + 1} in effect",
                 self.timeout(),
             )
+            time.sleep(into_step)
             before = observer.state()
             route_before = (self.plane.route(name) or {}).get("spec")
             self.plane.operator.kill()
@@ -819,7 +1057,8 @@ class Drill:
         )
         resumed_there = (after.get("step"), after.get("weight")) == (before.get("step"), before.get("weight"))
         return {
-            "killed_at": {"step": before.get("step"), "weight": before.get("weight")},
+            "killed_at": {"step": before.get("step"), "weight": before.get("weight"),
+                          "seconds_into_step": round(into_step, 1)},
             "after_restart": {"step": after.get("step"), "weight": after.get("weight"), "phase": after.get("phase")},
             "final": final.get("phase"), "callers": callers([s for s in outcomes if s.at >= changed]),
             "transitions": relative(observer.transitions, changed),
@@ -922,6 +1161,12 @@ SCENARIOS: dict[str, Callable[[Drill], dict[str, Any]]] = {
     "good": Drill.good,
     "slow": Drill.slow,
     "failing": Drill.failing,
+    "failing_ungated": Drill.failing_ungated,
+    "crash": Drill.crash,
+    "oom": Drill.oom,
+    "late": Drill.late,
+    "starting": Drill.starting,
+    "steer": Drill.steer,
     "wrong": Drill.wrong,
     "near": Drill.near,
     "shadow": Drill.shadow,
