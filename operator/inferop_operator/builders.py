@@ -94,7 +94,8 @@ def routing_for(
         else:  # the current step's share, or the next step's while its pods start
             share = max(weight, state.scaling_for or 0)
             candidate = canary_replicas(stable, share, traffic.mirror_percent, traffic.header)
-        return Routing(traffic, gateway, None, candidate)
+        # The stable pods follow the weight where the rollout scaled them (rollout.stable_replicas).
+        return Routing(traffic, gateway, state.stable_replicas if state.candidate_wanted else None, candidate)
     if phase in ("Progressing", "Paused") and weight > 0:
         if spec.autoscaling is None:
             kept, candidate = replica_split(stable, weight)
@@ -502,7 +503,7 @@ def build_deployment(service: Service) -> dict[str, Any]:
     }
     if service.track == "candidate":
         deployment_spec["replicas"] = service.routing.candidate_replicas
-    elif service.routing.stable_replicas is not None:  # a split by replicas sets the count while it lasts
+    elif service.routing.stable_replicas is not None:  # a rollout sets the count while it lasts
         deployment_spec["replicas"] = service.routing.stable_replicas
     elif spec.autoscaling is None:  # with an HPA the replica count is the HPA's, not ours to fight over
         deployment_spec["replicas"] = spec.replicas

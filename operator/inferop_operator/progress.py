@@ -124,6 +124,7 @@ def observe(
         candidate_ready=candidate_ready,
         traffic_settled=settled,
         stable_rolled_out=rolled_out(stable_deployment),
+        stable_full=spec.replicas if split == "gateway" and spec.autoscaling is None else None,
         agreement=agreement,
         analysis=analysis,
         candidate_failure=failure,

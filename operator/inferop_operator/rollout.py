@@ -15,7 +15,9 @@ revision and goes through:
     Succeeded    the candidate's objects are gone; the stable revision is the candidate
     RollingBack  a failed check or an abort: no traffic to the candidate from this moment, its pods drain; from
                  Agreement, Progressing or Paused, also a candidate pod OOM-killed, crash-looping or restarted, or
-                 none Ready while its step sends it live requests
+                 none Ready while its step sends it live requests. Where the stable pods followed the weight down
+                 (rollout.scaleDown), a candidate rolled back for its latency, by an abort or a reverted spec keeps
+                 its traffic until they are back at full size; a failing one loses it at once
     RolledBack   its objects are gone; it stays rolled back until the spec names another revision
 
 `advance` is the whole machine: the handlers observe (pods, Deployments, the route, Prometheus, the agreement
@@ -96,7 +98,7 @@ def decide(
         state = RolloutStatus(stable=previous[1], stable_spec=served_fields(previous[0]))
     if revision == state.stable:
         if state.phase in ("Agreement", "Progressing", "Paused"):
-            return roll_back(state, now, "SpecReverted", f"the spec serves revision {state.stable} again")
+            return roll_back(state, now, "SpecReverted", f"the spec serves revision {state.stable} again", True)
         return state
     if revision == state.candidate:
         if retry_asked(spec.rollout, state):
@@ -291,6 +293,12 @@ class RolloutStatus(Reported):
     changed_at: str | None = Field(default=None, description="When the phase or the traffic last changed.")
     agreement: AgreementStatus | None = Field(default=None, description="The check before any live traffic.")
     analysis: AnalysisStatus | None = Field(default=None, description="The last analysis of a step.")
+    stable_replicas: int | None = Field(
+        default=None,
+        description="The stable Deployment's pods while the candidate takes weight through a gateway: its share of "
+        "spec.replicas at the step's weight plus rollout.scaleDown's headroom, once the weight has held for its delay; "
+        "unset: spec.replicas.",
+    )
     retried: str | None = Field(
         default=None, description="The spec.rollout.retry value the operator last took up (it acts once)."
     )
@@ -330,6 +338,9 @@ class Observed:
     analysis: AnalysisStatus | None = None
     # What the candidate's pods report that fails it whatever its metrics say (diagnosis.candidate_failure)
     candidate_failure: Diagnosis | None = None
+    # The stable pods at full size (spec.replicas) where they may follow the weight (through a gateway, without
+    # autoscaling); None: they stay as the spec or the HPA has them.
+    stable_full: int | None = None
 
 
 def start(stable: str, candidate: str, split: str, now: float, previous: RolloutStatus) -> RolloutStatus:
@@ -365,11 +376,18 @@ def _moved(state: RolloutStatus, now: float, **update: Any) -> RolloutStatus:
     return state.model_copy(update={**update, "changed_at": timestamp(now)})
 
 
-def roll_back(state: RolloutStatus, now: float, reason: str, message: str) -> RolloutStatus:
-    """No traffic to the candidate from this moment; its pods drain, then go."""
+def roll_back(state: RolloutStatus, now: float, reason: str, message: str, answers: bool = False) -> RolloutStatus:
+    """No traffic to the candidate from this moment; its pods drain, then go. A candidate that still `answers`
+    (rolled back for its latency, by an abort or a reverted spec) keeps its traffic while stable pods scaled down
+    for its weight come back (`advance` takes it off once they are all Ready): a failing one loses it at once."""
+    if answers and state.stable_replicas is not None and (state.weight or state.header or state.mirror_percent):
+        held = f"{message}; its traffic stays until the stable revision's pods are back at full size"
+        return _moved(
+            state, now, phase="RollingBack", reason=reason, message=held, scaling_for=None, stable_replicas=None
+        )
     return _moved(
         state, now, phase="RollingBack", reason=reason, message=message, weight=0, mirror_percent=0, header=False,
-        scaling_for=None,
+        scaling_for=None, stable_replicas=None,
     )  # fmt: skip
 
 
@@ -412,13 +430,40 @@ def _pods_for_step(state: RolloutStatus, rollout: Rollout, step: int, now: float
 
 def advance(state: RolloutStatus, rollout: Rollout, observed: Observed, candidate: dict[str, Any]) -> RolloutStatus:
     """The rollout's next state, given the spec's rollout section, what was observed and the candidate's served
-    fields (which the stable revision keeps once promoted)."""
+    fields (which the stable revision keeps once promoted), with the stable pods it needs."""
+    moved = _advance(state, rollout, observed, candidate)
+    count = stable_replicas(moved, rollout, observed.stable_full, observed.now)
+    return moved if count == moved.stable_replicas else moved.model_copy(update={"stable_replicas": count})
+
+
+def stable_replicas(state: RolloutStatus, rollout: Rollout, full: int | None, now: float) -> int | None:
+    """The stable pods the rollout's step needs (`full` at full size; None: not the rollout's to choose): its share
+    of them at the step's weight plus headroom, once that weight has held for scaleDown.delaySeconds (before, the
+    previous step's); None (full size) outside the steps, and when that is all of them."""
+    scale = rollout.scale_down
+    if full is None or not scale.enabled or state.phase not in ("Progressing", "Paused") or state.step is None:
+        return None
+    weight = state.weight
+    started = seconds_of(state.step_started_at)
+    if started is None or now - started < scale.delay_seconds:
+        weight = rollout.steps[state.step - 1] if state.step > 0 else 0
+    count = stable_share(full, weight, scale.headroom_percent)
+    return None if count >= full else count
+
+
+def stable_share(full: int, weight: int, headroom_percent: int) -> int:
+    """Pods for the stable revision's (100 - weight)% of what `full` pods serve, times 1 + headroom; one at least."""
+    need = math.ceil(round(full * (100 - weight) * (100 + headroom_percent) / 10_000, 9))
+    return min(full, max(1, need))
+
+
+def _advance(state: RolloutStatus, rollout: Rollout, observed: Observed, candidate: dict[str, Any]) -> RolloutStatus:
     now = observed.now
     phase = state.phase
     if phase in FINAL_PHASES or phase is None:
         return state
     if rollout.abort is not None and rollout.abort == state.candidate and phase not in ("RollingBack",):
-        return roll_back(state, now, "Aborted", f"revision {state.candidate} aborted by spec.rollout.abort")
+        return roll_back(state, now, "Aborted", f"revision {state.candidate} aborted by spec.rollout.abort", True)
     failure = observed.candidate_failure
     if failure is not None and phase in JUDGED_PHASES:  # never promoted, by the spec or its steps
         return roll_back(state, now, f"Candidate{failure.reason}", f"revision {state.candidate}: {failure.message}")
@@ -441,6 +486,13 @@ def advance(state: RolloutStatus, rollout: Rollout, observed: Observed, candidat
             state, now, phase="Finishing", reason="StableUpdated",
             message=f"the stable Deployment serves revision {state.candidate}: traffic back on it, the candidate's "
             "pods drain", stable=state.candidate, stable_spec=candidate, weight=0, mirror_percent=0, header=False,
+        )  # fmt: skip
+    if phase == "RollingBack" and (state.weight or state.header or state.mirror_percent):
+        if not observed.stable_rolled_out:  # held by roll_back until the stable pods are all back and Ready
+            return state
+        return _moved(
+            state, now, weight=0, mirror_percent=0, header=False,
+            message=f"{state.message}: they are, and it has none now",
         )  # fmt: skip
     if phase in ("Finishing", "RollingBack"):
         since = seconds_of(state.changed_at) or now
@@ -505,9 +557,9 @@ def _step(state: RolloutStatus, rollout: Rollout, observed: Observed) -> Rollout
         if not observed.traffic_settled:
             return state
         state = state.model_copy(update={"step_started_at": timestamp(now)})
-    if ended_by_spec(state, rollout, step):
-        return _next_step(state, rollout, step, now, "by spec.rollout.endStep")
     analysis = observed.analysis
+    if ended_by_spec(state, rollout, step) and (analysis is None or analysis.verdict != "Failed"):
+        return _next_step(state, rollout, step, now, "by spec.rollout.endStep")
     paused_by_spec = rollout.paused
     if analysis is None:
         if paused_by_spec and state.phase != "Paused":
@@ -522,7 +574,8 @@ def _step(state: RolloutStatus, rollout: Rollout, observed: Observed) -> Rollout
     if analysis.verdict == "Failed":
         limit = rollout.analysis.failure_limit
         if failures >= limit:
-            return roll_back(state, now, "AnalysisFailed", analysis.message)
+            slow = analysis.check in ("latency", "p99")  # its answers are right, only late
+            return roll_back(state, now, "AnalysisFailed", analysis.message, answers=slow)
         return state.model_copy(
             update={"reason": "AnalysisFailing", "message": f"{failures} of {limit} failed analyses in a row "
                     f"allowed before a rollback: {analysis.message}"}

@@ -701,6 +701,29 @@ class Webhook(Section):
     )
 
 
+class ScaleDown(Section):
+    """The stable revision's pods follow the weight through a gateway: as the candidate takes its share of the
+    requests, the stable Deployment keeps the pods its own share needs, plus headroom, once the share has held for
+    a while; never fewer than one, and back at full size before the candidate's weight goes to 0 on a rollback for
+    latency or by hand. Without a gateway the split by replicas shares the pods already; with autoscaling the HPA
+    scales the stable pods on their queue as their share of the requests falls."""
+
+    enabled: bool = Field(default=True, description="Scale the stable pods down as the candidate takes weight.")
+    delay_seconds: int = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description="How long a step's weight must have been in effect before the stable pods scale down to it.",
+    )
+    headroom_percent: int = Field(
+        default=25,
+        ge=0,
+        le=400,
+        description="Pods kept beyond the stable revision's share: its share of spec.replicas times (1 + this/100), "
+        "rounded up.",
+    )
+
+
 class StepPause(Section):
     """A hold at one step after its stepSeconds passed: its traffic stays and its analyses go on (a failure still
     rolls back), for `seconds` or, unset, until promoted (`inferop rollout promote`)."""
@@ -775,6 +798,9 @@ class Rollout(Section):
         description="Holds at steps, after their stepSeconds: for a time, or until promoted.",
     )
     webhook: Webhook | None = Field(default=None, description="Receives each decision of the rollout as JSON.")
+    scale_down: ScaleDown = Field(
+        default_factory=ScaleDown, description="How the stable pods follow the weight (through a gateway)."
+    )
 
     @model_validator(mode="after")
     def _steps(self) -> Rollout:

@@ -2,8 +2,9 @@
 since it enters the node's network namespace (see inferop_devtools.drills.rollout; `make drills` runs all of its
 candidates at full length). A quick set that covers each kind of decision: a good candidate promoted (with the chart's
 dashboard read mid-rollout), one that fails on some inputs rolled back within its first step's budget, one whose
-servers crash and one that regresses late in a long step, each back at weight 0 within an interval, and a user
-steering a rollout with `inferop rollout`."""
+servers crash and one that regresses late in a long step, each back at weight 0 within an interval, a user
+steering a rollout with `inferop rollout`, and a slow candidate rolled back with the stable pods scaled down to its
+weight's share, which keeps its traffic until they are back."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from inferop_devtools.drills.rollout import ENVOY_CHURN
 
 pytestmark = pytest.mark.integration
-SCENARIOS = ("good", "failing", "crash", "late", "steer")
+SCENARIOS = ("good", "failing", "crash", "late", "steer", "capacity_slow")
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,16 @@ def test_inferop_rollout_steers_within_one_reconcile(drill: dict[str, Any]) -> N
     for action, taken in steer["steered"].items():
         assert taken["exit"] == 0 and taken["seconds"] is not None and taken["seconds"] < 5, (action, taken)
     assert steer["callers"]["failed"] == 0
+
+
+def test_a_slow_candidate_keeps_its_traffic_until_the_scaled_down_stable_pods_are_back(drill: dict[str, Any]) -> None:
+    slow = drill["scenarios"]["capacity_slow"]
+    seen = json.dumps(slow["stable_pods"], indent=1)
+    assert (slow["final"], slow["reason"]) == ("RolledBack", "AnalysisFailed"), seen
+    assert any(s["weight"] == 67 and s["wanted"] == 1 for s in slow["stable_pods"]), seen  # scaled to its share
+    off = next(s for s in slow["stable_pods"] if s["phase"] == "RollingBack" and s["weight"] == 0)
+    assert off["ready"] == 3, seen
+    assert slow["callers"]["failed"] == 0
 
 
 def test_every_goal_is_met(drill: dict[str, Any]) -> None:

@@ -154,7 +154,7 @@ def written() -> dict[str, Any]:
     rollout = RolloutStatus(
         phase="Progressing", reason="StepStarted", message="step 2", stable="a1", candidate="b2", step=1, weight=25,
         mirror_percent=10, header=True, split="gateway", scaling_for=25, step_started_at="2026-01-01T00:00:00Z",
-        changed_at="2026-01-01T00:00:00Z", stable_spec={}, retried="b2/1767225600",
+        changed_at="2026-01-01T00:00:00Z", stable_spec={}, retried="b2/1767225600", stable_replicas=1,
         agreement=AgreementStatus(
             passed=True, samples=592, inputs="592 generated", seconds=0.8, false_refusal=0.0038,
             false_acceptance=0.0038, message="ok",

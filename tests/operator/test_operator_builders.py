@@ -1052,6 +1052,13 @@ class TestRouting:
         draining = routing_for(self.state("RollingBack"), "gateway", GATEWAY, spec, None, 4)
         assert (draining.candidate_replicas, draining.traffic.weight) == (4, 0)
 
+    def test_through_a_gateway_the_stable_pods_are_what_the_rollout_scaled_them_to(self) -> None:
+        spec = parse_spec(raw_spec(replicas=10))
+        scaled = RolloutStatus(phase="Progressing", weight=50, stable_replicas=5)
+        routing = routing_for(scaled, "gateway", GATEWAY, spec, None, None)
+        assert (routing.stable_replicas, routing.candidate_replicas) == (5, 5)
+        assert build_deployment(replace(make_service(raw_spec(replicas=10)), routing=routing))["spec"]["replicas"] == 5
+
     def test_the_next_steps_pods_start_before_its_traffic(self) -> None:
         spec = parse_spec(raw_spec(replicas=10))
         waiting = RolloutStatus(phase="Progressing", weight=5, scaling_for=50)

@@ -28,6 +28,7 @@ from inferop_operator.rollout import (
     replica_split,
     revision_of,
     served_fields,
+    stable_share,
     stable_spec,
     time_buckets,
     timestamp,
@@ -319,6 +320,9 @@ class TestSteps:
                           Observed(T0 + 10, analysis=analysed("Failed", T0 + 10)), {})  # fmt: skip
         assert failing.reason == "AnalysisFailing"
         assert advance(failing, rollout, Observed(T0 + 11), {}).step == 0
+        ended_and_failed = rollout_of(endStep=f"{state.candidate}/0")
+        failed_now = advance(state, ended_and_failed, Observed(T0 + 10, analysis=analysed("Failed", T0 + 10)), {})
+        assert (failed_now.phase, failed_now.weight) == ("RollingBack", 0)  # this tick's failure counts first
 
     def test_a_timed_pause_holds_after_the_step_then_goes_on(self) -> None:
         rollout = rollout_of(pauses=[{"atWeight": 5, "seconds": 120}])
@@ -350,6 +354,62 @@ class TestSteps:
         assert not analysis_due(state, rollout_of(), T0 + 15)
         assert analysis_due(state, rollout_of(), T0 + 20)
         assert not analysis_due(state.model_copy(update={"step_started_at": None}), rollout_of(), T0 + 99)
+
+
+SCALE = {"delaySeconds": 30, "headroomPercent": 0}
+
+
+class TestStablePodsFollowTheWeight:
+    @pytest.mark.parametrize(
+        ("full", "weight", "headroom", "pods"),
+        [
+            (4, 25, 0, 3),
+            (4, 25, 25, 4),
+            (4, 50, 25, 3),
+            (10, 50, 0, 5),
+            (10, 50, 20, 6),
+            (4, 100, 25, 1),
+            (1, 50, 0, 1),
+        ],
+    )
+    def test_the_share_plus_headroom_rounded_up_one_at_least(
+        self, full: int, weight: int, headroom: int, pods: int
+    ) -> None:
+        assert stable_share(full, weight, headroom) == pods
+
+    def test_a_steps_weight_scales_them_after_its_delay(self) -> None:
+        rollout = rollout_of(scaleDown=SCALE)
+        state = at_step(1)  # 25%, in effect since T0
+        early = advance(state, rollout, Observed(T0 + 10, stable_full=4), {})
+        assert early.stable_replicas is None  # the 5% step's share holds until then: all four
+        later = advance(state, rollout, Observed(T0 + 30, stable_full=4), {})
+        assert later.stable_replicas == 3
+        last = advance(at_step(2), rollout, Observed(T0 + 31, stable_full=4), {})
+        assert last.stable_replicas == 1  # at 100% one pod stays for a rollback
+
+    def test_without_a_gateway_or_with_autoscaling_or_disabled_they_stay(self) -> None:
+        assert advance(at_step(1), rollout_of(scaleDown=SCALE), Observed(T0 + 30), {}).stable_replicas is None
+        disabled = rollout_of(scaleDown={**SCALE, "enabled": False})
+        assert advance(at_step(1), disabled, Observed(T0 + 30, stable_full=4), {}).stable_replicas is None
+
+    def test_a_slow_candidate_keeps_its_weight_until_the_stable_pods_are_back(self) -> None:
+        rollout = rollout_of(scaleDown=SCALE)
+        scaled = at_step(1).model_copy(update={"stable_replicas": 3})
+        slow = analysed("Failed", T0 + 40, 1).model_copy(update={"check": "latency"})
+        back = advance(scaled, rollout, Observed(T0 + 40, analysis=slow, stable_full=4), {})
+        assert (back.phase, back.weight, back.stable_replicas) == ("RollingBack", 25, None)
+        assert back.message is not None and back.message.endswith("back at full size")
+        assert advance(back, rollout, Observed(T0 + 45, stable_full=4), {}).weight == 25
+        moved = advance(back, rollout, Observed(T0 + 50, stable_rolled_out=True, stable_full=4), {})
+        assert (moved.phase, moved.weight, moved.changed_at) == ("RollingBack", 0, timestamp(T0 + 50))
+
+    def test_a_failing_candidate_loses_its_weight_at_once(self) -> None:
+        scaled = at_step(1).model_copy(update={"stable_replicas": 3})
+        failing = analysed("Failed", T0 + 40, 1).model_copy(update={"check": "failureRatio"})
+        back = advance(scaled, rollout_of(), Observed(T0 + 40, analysis=failing, stable_full=4), {})
+        assert (back.phase, back.weight, back.stable_replicas) == ("RollingBack", 0, None)
+        crashed_ = advance(scaled, rollout_of(), Observed(T0 + 40, candidate_failure=crashed("Restarted")), {})
+        assert (crashed_.phase, crashed_.weight) == ("RollingBack", 0)
 
 
 class TestEndings:

@@ -23,6 +23,8 @@ service serving a small policy/value net:
               rolled back within an interval
     late      the failing build's fault from 80% of a step six intervals long: caught within an interval of its start
     starting  a build whose pods take 20 s more to load: every weight waits for its pods, no request fails
+    capacity  three stable pods following a good candidate's weight down: 2 at 34%, 1 at 67% and at 100%
+    capacity_slow  the slow build with the stable pods scaled to its share: its weight stays until they are back
     steer     `inferop rollout` promote (a step held by a pause), abort, retry and promote --full, each timed
     wrong     other weights (another seed): fast, no errors, different answers: never gets a live request
     near      the same model with one move's policy bias raised, so that its top-1 move differs on 3% of the check's
@@ -53,7 +55,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +76,7 @@ from inferop_devtools.gateway.plane import (
 from inferop_operator.analysis import series_label
 from inferop_operator.builders import ENVOY_GATEWAY_GROUP
 from inferop_operator.identity import COMPONENT, COMPONENTS, INSTANCE, TRITON_CONTAINER
-from inferop_operator.rollout import DRAIN_SECONDS
+from inferop_operator.rollout import DRAIN_SECONDS, stable_share
 
 log = logging.getLogger("rollout-drill")
 MODEL = "conv_net"
@@ -101,6 +103,8 @@ ARM_FILE = "/tmp/inferop-fault"  # in a candidate's Triton container (an emptyDi
 LEAK_MIB = 16  # the leaking build keeps this much more after each execution: past 1Gi within seconds at its weight
 LATE_STEPS = 6  # the late regression's step, in analysis intervals
 LATE_SHARE = 0.8  # of that step, when it starts failing
+CAPACITY_REPLICAS = 3  # the capacity scenarios' stable pods
+CAPACITY_DELAY = 5  # seconds a step's weight holds before the stable pods scale to it, in the capacity scenario
 KILL_STEPS = [25, 50, 100]  # the kill scenario's steps where the drill's have fewer than three
 STEERED_SECONDS = 5.0  # an action of `inferop rollout` is taken up within one reconcile: the operator's tick and more
 STARTING_SECONDS = 20  # the slow-starting build's extra load time: several of the operator's ticks at each step
@@ -116,6 +120,7 @@ class Settings:
     min_requests: int
     rate: float
     replicas: int = 2
+    cpu_request: str = "250m"  # each Triton pod's: both tracks' pods and the gateway's fit the node's CPUs
 
     @classmethod
     def of(cls, quick: bool) -> Settings:
@@ -219,7 +224,7 @@ def manifest(name: str, models: Models, settings: Settings, rollout: dict[str, A
     spec.update(
         replicas=settings.replicas,
         # Both tracks' pods and the gateway's fit the node's CPUs by their requests; each may use a whole CPU.
-        resources={"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+        resources={"requests": {"cpu": settings.cpu_request, "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
         threads={"intraOp": 1},
         gateway={"name": GATEWAY, "hostnames": [host(name)]},
         rollout=rollout,
@@ -797,6 +802,82 @@ class Drill:
             ),
         }  # fmt: skip
 
+    def scaled(self) -> Drill:
+        """This drill with CAPACITY_REPLICAS stable pods, each requesting less CPU, so that both fleets fit the node."""
+        return Drill(self.plane, self.models, replace(self.settings, replicas=CAPACITY_REPLICAS, cpu_request="100m"))
+
+    def stable_pods(self, name: str) -> Callable[[str, Observer], dict[str, Any]]:
+        """Beside a rollout: the stable Deployment's wanted and Ready pods at each change of them or of the weight,
+        until the candidate is promoted or rolled back."""
+
+        def watch(service: str, observer: Observer) -> dict[str, Any]:
+            seen: list[dict[str, Any]] = []
+            while True:
+                state = observer.state()
+                found = self.plane.cluster.get("apps/v1", "Deployment", service, MODELS) or {}
+                now = {
+                    "phase": state.get("phase"), "weight": state.get("weight"),
+                    "wanted": (found.get("spec") or {}).get("replicas"),
+                    "ready": (found.get("status") or {}).get("readyReplicas", 0),
+                }  # fmt: skip
+                if not seen or {k: v for k, v in seen[-1].items() if k != "at"} != now:
+                    seen.append({"at": round(time.monotonic(), 1), **now})
+                if state.get("phase") in ("Finishing", *ENDED):
+                    return {"stable": seen}
+                time.sleep(0.25)
+
+        return watch
+
+    def capacity(self) -> dict[str, Any]:
+        """The stable pods follow the weight: CAPACITY_REPLICAS of them, a good candidate at 34, 67 and 100%, no
+        headroom, each step's share taken CAPACITY_DELAY seconds after it: 2, 1 and 1 pods (one stays at 100%)."""
+        drill, name = self.scaled(), "capacity"
+        steps = [34, 67, 100]
+        rollout = drill.settings.rollout(
+            steps=steps, scaleDown={"delaySeconds": CAPACITY_DELAY, "headroomPercent": 0}
+        )  # fmt: skip
+        run = drill.roll(name, {"batching": {"maxQueueDelayMicroseconds": 0}}, rollout, during=self.stable_pods(name))
+        assert run.seen is not None
+        seen = run.seen["stable"]
+        wanted = {w: stable_share(CAPACITY_REPLICAS, w, 0) for w in steps}
+        reached = {w: any(s["weight"] == w and s["wanted"] == wanted[w] for s in seen) for w in steps}
+        progressing = [s for s in seen if s["phase"] in ("Progressing", "Paused")]
+        never_below = all(s["wanted"] >= wanted.get(s["weight"], CAPACITY_REPLICAS) for s in progressing)
+        return run.report(
+            stable_pods=seen,
+            wanted=wanted,
+            goals=goals(
+                ("promoted", run.final.get("phase") == "Succeeded"),
+                (f"the stable pods follow the weight: {wanted}", all(reached.values())),
+                ("never fewer than the weight's share", never_below),
+                ("no caller fails", run.callers["failed"] == 0),
+            ),
+        )
+
+    def capacity_slow(self) -> dict[str, Any]:
+        """The slow build with the stable pods scaled down to its weight's share at once (no delay, no headroom): its
+        rollback keeps its weight until the stable pods are back at full size and Ready, so no caller fails."""
+        drill, name = self.scaled(), "capacity-slow"
+        rollout = drill.settings.rollout(steps=[67, 100], scaleDown={"delaySeconds": 0, "headroomPercent": 0})
+        slow = {**self.model_with(weights="random (seed 0), slow build"), **fault(INFEROP_FAULT_SLOWDOWN=SLOWDOWN)}
+        run = drill.roll(name, slow, rollout, during=self.stable_pods(name))
+        assert run.seen is not None
+        seen = run.seen["stable"]
+        scaled_down = any(s["wanted"] == 1 and s["weight"] == 67 for s in seen)
+        first_off = next((s for s in seen if s["phase"] == "RollingBack" and s["weight"] == 0), None)
+        return run.report(
+            stable_pods=seen,
+            goals=goals(
+                ("rolled back by its analysis", run.rolled_back_by("AnalysisFailed")),
+                ("the stable pods were down to one at 67%", scaled_down),
+                (
+                    f"its weight went to 0 only with {CAPACITY_REPLICAS} stable pods Ready",
+                    first_off is not None and first_off["ready"] >= CAPACITY_REPLICAS,
+                ),
+                ("no caller fails", run.callers["failed"] == 0),
+            ),
+        )
+
     def wrong(self) -> dict[str, Any]:
         other = {
             **self.models.spec["model"],
@@ -1167,6 +1248,8 @@ SCENARIOS: dict[str, Callable[[Drill], dict[str, Any]]] = {
     "late": Drill.late,
     "starting": Drill.starting,
     "steer": Drill.steer,
+    "capacity": Drill.capacity,
+    "capacity_slow": Drill.capacity_slow,
     "wrong": Drill.wrong,
     "near": Drill.near,
     "shadow": Drill.shadow,
