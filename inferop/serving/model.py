@@ -18,10 +18,14 @@ INFEROP_FAULT_LEAK_MIB=N keeps N MiB more after every execution, as a model that
 memory limit kills this process. With INFEROP_FAULT_ARM_FILE=PATH these two act only once PATH exists, made after the
 model loaded: a regression that starts late, while the model serves (a restarted model runs normally again).
 INFEROP_FAULT_LOAD_SECONDS=S makes the model take S seconds more to load, as a large model fetched and warmed does.
+INFEROP_FAULT_TAIL_SHARE=P with INFEROP_FAULT_TAIL_MS=T makes a share P of executions, drawn at random, take T ms
+more, as a build that stalls now and then does (a garbage collection, a lock): its mean time moves little, its p99 a
+lot.
 """
 
 import json
 import os
+import random
 import time
 
 import numpy as np
@@ -90,6 +94,8 @@ class TritonPythonModel:
         self.leak_bytes = int(float(os.environ.get("INFEROP_FAULT_LEAK_MIB", "0")) * 2**20)
         self.leaked = []
         self.arm_file = os.environ.get("INFEROP_FAULT_ARM_FILE")
+        self.tail_share = float(os.environ.get("INFEROP_FAULT_TAIL_SHARE", "0"))
+        self.tail_seconds = float(os.environ.get("INFEROP_FAULT_TAIL_MS", "0")) / 1000
 
     def _made_since_loaded(self, path):
         try:
@@ -121,6 +127,8 @@ class TritonPythonModel:
         outputs = self.session.run(self.output_names, feeds)
         if self.slowdown > 1:
             time.sleep((self.slowdown - 1) * (time.perf_counter() - began))
+        if self.tail_share and random.random() < self.tail_share:
+            time.sleep(self.tail_seconds)
         offsets = np.cumsum([0, *sizes])
         responses = []
         for index, request in enumerate(requests):

@@ -5,12 +5,13 @@ Triton's counters (nv_inference_request_success, _failure, _duration_us) per mod
 the pod's labels (the chart's PodMonitor keeps app.kubernetes.io/instance and app.kubernetes.io/component). The
 increases over the window are summed over a track's pods.
 
-Envoy's cluster stats (upstream_rq_total, upstream_rq_xx, upstream_rq_rx_reset, upstream_cx_connect_fail and the
-upstream_rq_time histogram), scraped from the Gateway's Envoy pods as Envoy Gateway's docs show, labelled with
-envoy_cluster_name. Envoy Gateway puts a rule's backends in one cluster, where nothing in Envoy's stats tells them
-apart (each is a locality of the cluster); a filter on a backendRef makes it give each backend a cluster of its own
-(its internal/ir/xds.go, RouteDestination.NeedsClusterPerSetting, v1.9.0), which the operator's HTTPRoute has on
-every backendRef (builders.build_http_route). `route_clusters` names them as Envoy Gateway does.
+Envoy's cluster stats (upstream_rq_total, upstream_rq_pending_failure_eject, upstream_rq_xx, upstream_rq_rx_reset,
+upstream_cx_connect_fail and the upstream_rq_time histogram), scraped from the Gateway's Envoy pods as Envoy Gateway's
+docs show, labelled with envoy_cluster_name. Envoy Gateway puts a rule's backends in one cluster, where nothing in
+Envoy's stats tells them apart (each is a locality of the cluster); a filter on a backendRef makes it give each
+backend a cluster of its own (its internal/ir/xds.go, RouteDestination.NeedsClusterPerSetting, v1.9.0), which the
+operator's HTTPRoute has on every backendRef (builders.build_http_route). `route_clusters` names them as Envoy
+Gateway does.
 
 Prometheus that cannot be reached, or answers an error, is `PrometheusUnreachable`: the rollout holds, never
 promotes blind.
@@ -41,6 +42,10 @@ COUNTERS = {
 # Envoy has from one Prometheus does not see), 5xx answers (made at the first; a refused connection or a reset before
 # the answer included, which Envoy answers 503), the pods' resets and failed connections, and the time to the answer.
 ENVOY_REQUESTS = "envoy_cluster_upstream_rq_total"
+# Requests whose connection to a pod failed (refused, reset) before they were sent: not in upstream_rq_total, which
+# counts a request once a connection takes it, so pods that refuse every connection read 0 requests there (seen on
+# the node: 0 requests, 85 answered 503, 85 connections failed).
+ENVOY_UNSENT = "envoy_cluster_upstream_rq_pending_failure_eject"
 ENVOY_ANSWERS = "envoy_cluster_upstream_rq_xx"  # by envoy_response_code_class
 # Requests reset and connections refused, each asked alone: one selector of both names gives series that differ
 # only by name, which increase() drops, and Prometheus refuses the result (422: duplicate label sets).
@@ -159,6 +164,7 @@ def gateway_queries(clusters: list[str], seconds: float) -> dict[str, str]:
     where, window = cluster_matcher(clusters), window_text(seconds)
     return {
         "requests": f"sum(increase({ENVOY_REQUESTS}{{{where}}}[{window}]))",
+        "unsent": f"sum(increase({ENVOY_UNSENT}{{{where}}}[{window}]))",
         "errors": f'sum(increase({ENVOY_ANSWERS}{{{where},envoy_response_code_class="5"}}[{window}]))',
         **{f"resets {name}": f"sum(increase({name}{{{where}}}[{window}]))" for name in ENVOY_RESETS},
         "time": f"sum by (le) (increase({ENVOY_TIME}{{{where}}}[{window}]))",
@@ -174,12 +180,15 @@ def gateway_window(
     if not clusters:
         return None
     queries = gateway_queries(clusters, seconds)
-    requests = answer(queries["requests"])
-    if requests is None:
+    sent = answer(queries["requests"])
+    if sent is None:
         return None
+    unsent = answer(queries["unsent"]) or 0.0
     errors = answer(queries["errors"]) or 0.0
     resets = sum(answer(queries[f"resets {name}"]) or 0.0 for name in ENVOY_RESETS)
-    return gateway_figures(requests, errors, resets, time_buckets(answer_buckets(queries["time"])))
+    # Every 5xx answer was a request of the revision's, sent or not: never fewer requests than those.
+    requests = max(sent + unsent, errors)
+    return gateway_figures(requests, errors, resets, time_buckets(answer_buckets(queries["time"])), unsent)
 
 
 def prometheus_reader(

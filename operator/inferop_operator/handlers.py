@@ -118,6 +118,8 @@ def api() -> KubeApi:
 
 
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    if ablated := operator_settings().ablated_safeguards():
+        log.warning("rollout safeguards removed by INFEROP_ROLLOUT_ABLATE (a drill's ablation): %s", sorted(ablated))
     # Our state lives in our own annotation prefix, not kopf's default, so two tools never collide.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key="last-applied-spec")
@@ -286,9 +288,11 @@ def _reconcile(
     state = decide(spec, revision_of(spec, image), known, split, now, former(old_spec))
     service = service_tree(name, namespace, uid, spec, plan, state, split, gateway, deployments)
     if tick and spec.rollout is not None and state.candidate_wanted:
+        configured = operator_settings()
         observed, state = observe(
-            service, spec, state, split, api(), deployments, pods(), operator_settings().prometheus_url, now
-        )
+            service, spec, state, split, api(), deployments, pods(), configured.prometheus_url, now,
+            configured.ablated_safeguards(),
+        )  # fmt: skip
         state = advance(state, spec.rollout, observed, served_fields(spec))
         if state == known:
             return previous, False  # nothing moved: no write

@@ -98,8 +98,10 @@ def observe(
     pods: Iterable[Mapping[str, Any]],
     prometheus_url: str | None,
     now: float,
+    ablated: frozenset[str] = frozenset(),
 ) -> tuple[Observed, RolloutStatus]:
-    """What the state machine needs now (and the state with the agreement check's trouble noted, if any)."""
+    """What the state machine needs now (and the state with the agreement check's trouble noted, if any), without
+    the safeguards `ablated` (rollout.SAFEGUARDS)."""
     assert spec.rollout is not None and service.candidate is not None
     pods = list(pods)
     stable_deployment = deployments.get(service.name)
@@ -107,7 +109,7 @@ def observe(
     candidate_ready = rolled_out(candidate_deployment, service.routing.candidate_replicas)
     settled = _traffic_settled(service, split, kube, stable_deployment, candidate_deployment)
     failure = None
-    if state.phase in JUDGED_PHASES:  # from the pods index: no request to the API server
+    if state.phase in JUDGED_PHASES and "pod-failures" not in ablated:  # from the pods index: no API request
         candidate_pods = [pod for pod in pods if pod.get("component") == COMPONENTS["candidate"]]
         required = service.candidate.plan.memory.required_bytes
         failure = candidate_failure(candidate_pods, required, takes_live_traffic(state))
@@ -118,7 +120,7 @@ def observe(
     if failure is None and analysis_due(state, spec.rollout, now):
         gateway = split == "gateway" and service.routing.gateway is not None
         reader = _reader(service, spec, prometheus_url, gateway)
-        analysis = analyse(state, spec, reader, now, through_gateway=gateway)
+        analysis = analyse(state, spec, reader, now, through_gateway=gateway, ablated=ablated)
     observed = Observed(
         now=now,
         candidate_ready=candidate_ready,
@@ -128,6 +130,7 @@ def observe(
         agreement=agreement,
         analysis=analysis,
         candidate_failure=failure,
+        ablated=ablated,
     )
     return observed, state
 
@@ -185,12 +188,17 @@ def _reader(
 
 
 def analyse(
-    state: RolloutStatus, spec: InferenceServiceSpec, read: Reader | None, now: float, through_gateway: bool = False
+    state: RolloutStatus,
+    spec: InferenceServiceSpec,
+    read: Reader | None,
+    now: float,
+    through_gateway: bool = False,
+    ablated: frozenset[str] = frozenset(),
 ) -> AnalysisStatus:
     """The analysis due at `now`: both tracks' figures over the window `analysis_window` gives (the last interval of
     the step), judged. `read` asks Prometheus (None: none is configured); one it cannot ask is Unreachable."""
     assert spec.rollout is not None
-    since, window = analysis_window(state, spec.rollout, now)
+    since, window = analysis_window(state, spec.rollout, now, ablated)
     step = state.step or 0
 
     def unreachable(message: str) -> AnalysisStatus:
@@ -208,4 +216,4 @@ def analyse(
         candidate, stable = read("candidate", window), read("stable", window)
     except PrometheusUnreachable as error:
         return unreachable(str(error))
-    return judge(candidate, stable, spec.rollout, step, state.weight, window, now, through_gateway)
+    return judge(candidate, stable, spec.rollout, step, state.weight, window, now, through_gateway, ablated)

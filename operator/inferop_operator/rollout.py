@@ -59,6 +59,15 @@ NOT_SERVED = frozenset({"replicas", "autoscaling", "network_policy", "gateway", 
 # a gateway still routed by the previous weights finish (Envoy applies a route within a second or two).
 DRAIN_SECONDS = 10.0
 REVISION_LENGTH = 10
+# The rollout's safeguards that the operator's INFEROP_ROLLOUT_ABLATE removes, so that a drill shows what each one
+# prevents (its scenario's goal must fail without it); never removed where anything serves.
+SAFEGUARDS: dict[str, str] = {
+    "pod-failures": "the candidate's restarts, OOM kills and crash loops in the API roll it back",
+    "gateway-failures": "its 5xx answers, resets and refused connections at the gateway roll it back",
+    "ready-pods": "a step's weight waits for the candidate's Ready pods that it needs",
+    "sliding-window": "each analysis reads the last interval, not the step so far",
+    "stable-first": "a candidate rolled back for its latency keeps its traffic until the stable pods are back",
+}
 
 
 def served_fields(spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -153,7 +162,11 @@ class GatewayFigures(Reported):
     """One revision's requests in an analysis window as the gateway's Envoy saw them: its clusters for the revision's
     backends of the service's HTTPRoute, from Envoy's stats in Prometheus."""
 
-    requests: float = Field(description="Requests Envoy sent to the revision's pods in the window.")
+    requests: float = Field(
+        description="Requests Envoy sent, or tried to send, to the revision's pods in the window: those whose "
+        "connection failed first included."
+    )
+    unsent: float = Field(default=0, description="Of those, requests whose connection failed before they were sent.")
     errors: float = Field(description="Of those, answered 5xx (a reset or a refused connection included).")
     resets: float = Field(description="Requests the pods reset, and connections to them that failed.")
     error_ratio: float | None = Field(default=None, description="errors / requests (unset: no requests).")
@@ -341,6 +354,7 @@ class Observed:
     # The stable pods at full size (spec.replicas) where they may follow the weight (through a gateway, without
     # autoscaling); None: they stay as the spec or the HPA has them.
     stable_full: int | None = None
+    ablated: frozenset[str] = frozenset()  # SAFEGUARDS removed (a drill's ablation)
 
 
 def start(stable: str, candidate: str, split: str, now: float, previous: RolloutStatus) -> RolloutStatus:
@@ -410,12 +424,14 @@ def _enter_step(state: RolloutStatus, rollout: Rollout, step: int, now: float) -
     )
 
 
-def _pods_for_step(state: RolloutStatus, rollout: Rollout, step: int, now: float) -> RolloutStatus:
+def _pods_for_step(
+    state: RolloutStatus, rollout: Rollout, step: int, now: float, ablated: frozenset[str]
+) -> RolloutStatus:
     """Step `step`, once the candidate has the Ready pods its traffic needs: through a gateway its Deployment is
     scaled for the step's share first (`scaling_for`), and `advance` enters the step when every pod is Ready. Split
     by replicas, the pods are the split: they come with the step."""
     traffic = step_traffic(rollout, step, state.split or "gateway")
-    if state.split == "replicas":
+    if state.split == "replicas" or "ready-pods" in ablated:
         return _enter_step(state, rollout, step, now)
     share = max(traffic.weight, traffic.mirror_percent)
     return state.model_copy(
@@ -488,7 +504,8 @@ def _advance(state: RolloutStatus, rollout: Rollout, observed: Observed, candida
             "pods drain", stable=state.candidate, stable_spec=candidate, weight=0, mirror_percent=0, header=False,
         )  # fmt: skip
     if phase == "RollingBack" and (state.weight or state.header or state.mirror_percent):
-        if not observed.stable_rolled_out:  # held by roll_back until the stable pods are all back and Ready
+        # Held by roll_back until the stable pods are all back and Ready.
+        if not observed.stable_rolled_out and "stable-first" not in observed.ablated:
             return state
         return _moved(
             state, now, weight=0, mirror_percent=0, header=False,
@@ -547,7 +564,7 @@ def _agreement(state: RolloutStatus, rollout: Rollout, observed: Observed) -> Ro
             state, now, "Disagrees", f"revision {state.candidate} disagrees, so it gets no traffic: {refused} "
             f"({result.samples} inputs, {result.inputs}, {result.seconds:.1f} s)",
         )  # fmt: skip
-    return _pods_for_step(state, rollout, 0, now)
+    return _pods_for_step(state, rollout, 0, now, observed.ablated)
 
 
 def _step(state: RolloutStatus, rollout: Rollout, observed: Observed) -> RolloutStatus:
@@ -559,7 +576,7 @@ def _step(state: RolloutStatus, rollout: Rollout, observed: Observed) -> Rollout
         state = state.model_copy(update={"step_started_at": timestamp(now)})
     analysis = observed.analysis
     if ended_by_spec(state, rollout, step) and (analysis is None or analysis.verdict != "Failed"):
-        return _next_step(state, rollout, step, now, "by spec.rollout.endStep")
+        return _next_step(state, rollout, observed, step, "by spec.rollout.endStep")
     paused_by_spec = rollout.paused
     if analysis is None:
         if paused_by_spec and state.phase != "Paused":
@@ -608,7 +625,7 @@ def _step(state: RolloutStatus, rollout: Rollout, observed: Observed) -> Rollout
             message=f"step {step + 1} of {len(rollout.steps)} ({state.weight}%) passed its {rollout.step_seconds} s "
             f"and holds {until} (spec.rollout.pauses; its analyses go on); `inferop rollout promote` ends it",
         )  # fmt: skip
-    return _next_step(state, rollout, step, now, "")
+    return _next_step(state, rollout, observed, step, "")
 
 
 def ended_by_spec(state: RolloutStatus, rollout: Rollout, step: int) -> bool:
@@ -623,11 +640,12 @@ def ended_by_spec(state: RolloutStatus, rollout: Rollout, step: int) -> bool:
     )
 
 
-def _next_step(state: RolloutStatus, rollout: Rollout, step: int, now: float, why: str) -> RolloutStatus:
+def _next_step(state: RolloutStatus, rollout: Rollout, observed: Observed, step: int, why: str) -> RolloutStatus:
     """The step after `step`, once its pods are Ready; after the last, promotion. A step held by a pause goes on."""
+    now = observed.now
     if step + 1 < len(rollout.steps):
         going_on = state.model_copy(update={"phase": "Progressing"}) if state.phase == "Paused" else state
-        return _pods_for_step(going_on, rollout, step + 1, now)
+        return _pods_for_step(going_on, rollout, step + 1, now, observed.ablated)
     return _moved(
         state, now, phase="Promoting", reason="PromotedBySpec" if why else "AllStepsPassed",
         message=f"revision {state.candidate} passed every step"
@@ -646,14 +664,16 @@ def analysis_due(state: RolloutStatus, rollout: Rollout, now: float) -> bool:
     return since is None or now - since >= rollout.analysis.interval_seconds
 
 
-def analysis_window(state: RolloutStatus, rollout: Rollout, now: float) -> tuple[float, float]:
+def analysis_window(
+    state: RolloutStatus, rollout: Rollout, now: float, ablated: frozenset[str] = frozenset()
+) -> tuple[float, float]:
     """The window an analysis at `now` reads, as (start, seconds): the last `analysis.intervalSeconds`, never before the
     step's traffic took effect. A sliding window, not the step so far: a candidate that starts failing late in a long
     step is judged on what it does now, not diluted by the minutes it did well."""
     started = seconds_of(state.step_started_at)
     start = now - rollout.analysis.interval_seconds
     if started is not None:
-        start = max(start, started)
+        start = started if "sliding-window" in ablated else max(start, started)
     start = min(start, now - 1.0)  # a window of a second at least
     return start, now - start
 
@@ -677,6 +697,7 @@ def judge(
     window: float,
     now: float,
     through_gateway: bool = False,
+    ablated: frozenset[str] = frozenset(),
 ) -> AnalysisStatus:
     """The candidate against the stable revision over one window. Too few requests: no data, never a pass.
 
@@ -707,7 +728,7 @@ def judge(
     if candidate.requests >= limits.min_requests and excess > allowed:
         why = f"failure ratio {excess:+.2%} against the stable revision's (at most {allowed:+.2%})"
         return verdict("Failed", why, "failureRatio")
-    failed = _gateway_failures(*at_gateway, limits.min_requests, allowed)
+    failed = None if "gateway-failures" in ablated else _gateway_failures(*at_gateway, limits.min_requests, allowed)
     if failed is not None:
         return verdict("Failed", *failed)
     if candidate.requests < limits.min_requests:
@@ -856,12 +877,15 @@ def track_figures(
     )
 
 
-def gateway_figures(requests: float, errors: float, resets: float, buckets: TimeBuckets) -> GatewayFigures:
+def gateway_figures(
+    requests: float, errors: float, resets: float, buckets: TimeBuckets, unsent: float = 0.0
+) -> GatewayFigures:
     """Figures from the increases of Envoy's counters for a revision's clusters over a window, and from its
     histogram of the time to the answer (`time_buckets`)."""
     p99_ms = histogram_quantile(QUANTILE, buckets)
     figures = GatewayFigures(
         requests=round(requests, 1),
+        unsent=round(unsent, 1),
         errors=round(errors, 1),
         resets=round(resets, 1),
         error_ratio=round(errors / requests, 4) if requests > 0 else None,

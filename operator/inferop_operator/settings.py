@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from inferop_core.errors import InferopError
 from inferop_core.memory import CONTAINER_RUNTIME, RuntimeCosts
 from inferop_core.quantity import format_bytes, parse_quantity
+from inferop_operator.rollout import SAFEGUARDS
 from inferop_operator.spec import GatewayRef
 
 
@@ -74,6 +75,14 @@ class OperatorSettings(BaseSettings):
     rollout_tick_seconds: float = Field(
         default=2.0, gt=0, le=60, description="How often a rollout in progress looks at its pods, route and analysis."
     )
+    rollout_ablate: str = Field(
+        default="",
+        description=(
+            "For drills only: rollout safeguards to remove, comma-separated (" + ", ".join(SAFEGUARDS) + "), so "
+            "that a drill shows what each prevents. Never set where anything serves: a candidate then goes on "
+            "taking traffic where it would have been stopped."
+        ),
+    )
     runtime_memory_overhead: str = Field(
         default=format_bytes(CONTAINER_RUNTIME.baseline_bytes),
         description=(
@@ -83,12 +92,25 @@ class OperatorSettings(BaseSettings):
         ),
     )
 
+    @field_validator("rollout_ablate")
+    @classmethod
+    def _safeguards(cls, value: str) -> str:
+        unknown = sorted(set(_names(value)) - set(SAFEGUARDS))
+        if unknown:
+            raise ValueError(
+                f"INFEROP_ROLLOUT_ABLATE: no safeguard {', '.join(map(repr, unknown))}; one of {', '.join(SAFEGUARDS)}"
+            )
+        return value
+
     @field_validator("runtime_memory_overhead")
     @classmethod
     def _quantity(cls, value: str) -> str:
         if parse_quantity(value, "INFEROP_RUNTIME_MEMORY_OVERHEAD") < 0:
             raise ValueError(f"INFEROP_RUNTIME_MEMORY_OVERHEAD: {value!r} must not be negative")
         return value
+
+    def ablated_safeguards(self) -> frozenset[str]:
+        return frozenset(_names(self.rollout_ablate))
 
     def gateway(self) -> GatewayRef | None:
         """The default gateway as a spec would name it."""
@@ -104,6 +126,10 @@ class OperatorSettings(BaseSettings):
             return CONTAINER_RUNTIME
         overhead = parse_quantity(self.runtime_memory_overhead, "INFEROP_RUNTIME_MEMORY_OVERHEAD")
         return replace(CONTAINER_RUNTIME, baseline_bytes=round(overhead), assumed=None)
+
+
+def _names(listed: str) -> list[str]:
+    return [name.strip() for name in listed.split(",") if name.strip()]
 
 
 class SettingsError(InferopError, ValueError):

@@ -179,3 +179,27 @@ def test_armed_faults_act_only_once_their_file_is_made(model_repo: ExportedRepo,
         assert not answered(server.url, marked)
         assert answered(server.url, plain) and answered(server.url, plain)
         assert resident_mib(server.process.pid) > before + 2.5 * 64  # three executions armed, 64 MiB each
+
+
+def test_the_tail_fault_delays_a_share_of_executions(model_repo: ExportedRepo, tmp_path: Path) -> None:
+    """The rollout drill's p99 regression: about INFEROP_FAULT_TAIL_SHARE of the executions take INFEROP_FAULT_TAIL_MS
+    more (each drawn alone), the others none."""
+    import tritonclient.http as httpclient
+
+    from inferop.serving.tritonserver import TritonServer, free_port
+
+    serving = served_copy(model_repo, "conv_net", tmp_path / "repo")
+    board = np.zeros((1, *serving.inputs[0].dims), dtype=np.float32)
+    env = {"INFEROP_FAULT_TAIL_SHARE": "0.5", "INFEROP_FAULT_TAIL_MS": "400"}
+    with TritonServer(tmp_path / "repo", http_port=free_port(), env=env) as server:
+        client = httpclient.InferenceServerClient(server.url, network_timeout=30)
+        request = httpclient.InferInput(serving.inputs[0].name, list(board.shape), "FP32")
+        request.set_data_from_numpy(board)
+        took = []
+        for _ in range(40):  # one at a time: each request an execution of its own
+            began = time.perf_counter()
+            client.infer("conv_net", [request])
+            took.append(time.perf_counter() - began)
+        client.close()
+    delayed = sum(1 for seconds in took if seconds >= 0.4)
+    assert 8 <= delayed <= 32, took  # Binomial(40, 0.5): outside with a chance of 2e-4

@@ -1,10 +1,12 @@
 """Rollouts through the real data plane on the local cluster's node: the rollout drill's quick run as its own process,
 since it enters the node's network namespace (see inferop_devtools.drills.rollout; `make drills` runs all of its
-candidates at full length). A quick set that covers each kind of decision: a good candidate promoted (with the chart's
-dashboard read mid-rollout), one that fails on some inputs rolled back within its first step's budget, one whose
-servers crash and one that regresses late in a long step, each back at weight 0 within an interval, a user
-steering a rollout with `inferop rollout`, and a slow candidate rolled back with the stable pods scaled down to its
-weight's share, which keeps its traffic until they are back."""
+candidates at full length, and each one's ablation). A quick set that covers each kind of decision: a good candidate
+promoted (with the chart's dashboard read mid-rollout), one that fails on some inputs rolled back within its first
+step's budget, one whose servers crash, one whose pods refuse the gateway and one that regresses late in a long step,
+each back at weight 0 within an interval, one whose p99 regresses rolled back by the p99 gate, one that disagrees
+refused before any live request, a slow-starting one whose weights wait for its pods, Prometheus stopped mid-rollout
+(held, never promoted blind), a user steering a rollout with `inferop rollout`, and a slow candidate rolled back with
+the stable pods scaled down to its weight's share, which keeps its traffic until they are back."""
 
 from __future__ import annotations
 
@@ -18,7 +20,19 @@ import pytest
 from inferop_devtools.drills.rollout import ENVOY_CHURN
 
 pytestmark = pytest.mark.integration
-SCENARIOS = ("good", "failing", "crash", "late", "steer", "capacity_slow")
+SCENARIOS = (
+    "good",
+    "failing",
+    "crash",
+    "gateway_503",
+    "late",
+    "p99",
+    "wrong",
+    "starting",
+    "blind",
+    "steer",
+    "capacity_slow",
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +44,7 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         [*argv, f"--json={figures}", f"--workdir={root / 'work'}"],
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=2700,
         check=False,
     )
     assert figures.exists(), result.stderr[-4000:]
@@ -55,7 +69,7 @@ def test_a_good_candidate_is_promoted_and_a_failing_one_rolled_back(drill: dict[
     assert drill["operator_tracebacks"] == []
 
 
-@pytest.mark.parametrize("scenario", ["crash", "late"])
+@pytest.mark.parametrize("scenario", ["crash", "gateway_503", "late"])
 def test_a_candidate_that_breaks_mid_step_is_back_at_weight_0_within_an_interval(
     drill: dict[str, Any], scenario: str
 ) -> None:
@@ -67,6 +81,35 @@ def test_a_candidate_that_breaks_mid_step_is_back_at_weight_0_within_an_interval
     assert broken["failed_after_fault"] <= broken["failed_bound"], seen
     if scenario == "crash":  # no metrics from a server that is gone: the API's restart rolls it back
         assert broken["reason"] in ("CandidateRestarted", "CandidateUnavailable"), seen
+    if scenario == "gateway_503":  # pods Ready, Triton unaware: what the gateway saw rolls it back
+        failed = [a for a in broken["analyses"] if a["verdict"] == "Failed"]
+        assert failed and failed[0]["check"] in ("gatewayErrors", "gatewayResets"), seen
+
+
+def test_a_tail_that_the_mean_hides_is_rolled_back_by_the_p99_gate(drill: dict[str, Any]) -> None:
+    p99 = drill["scenarios"]["p99"]
+    seen = json.dumps({key: p99.get(key) for key in ("message", "transitions", "analyses")}, indent=1)
+    assert (p99["final"], p99["reason"]) == ("RolledBack", "AnalysisFailed"), seen
+    assert "p99 at the gateway" in p99["message"], seen
+
+
+def test_a_candidate_that_disagrees_never_gets_a_live_request(drill: dict[str, Any]) -> None:
+    wrong = drill["scenarios"]["wrong"]
+    assert (wrong["final"], wrong["reason"]) == ("RolledBack", "Disagrees"), wrong["message"]
+    assert wrong["candidate_live_requests"] == 0 and wrong["callers"]["failed"] == 0
+
+
+def test_weights_wait_for_a_slow_starting_candidates_pods(drill: dict[str, Any]) -> None:
+    starting = drill["scenarios"]["starting"]
+    assert starting["final"] == "Succeeded", json.dumps(starting["transitions"], indent=1)
+    assert starting["steps_that_waited_for_pods"] > 0 and starting["callers"]["failed"] == 0
+
+
+def test_blind_the_rollout_holds_its_weight_and_goes_on_once_prometheus_is_back(drill: dict[str, Any]) -> None:
+    blind = drill["scenarios"]["blind"]
+    seen = json.dumps(blind["transitions"], indent=1)
+    assert (blind["paused"], blind["weight_while_blind"]) == ("Paused", drill["settings"]["steps"][0]), seen
+    assert blind["final"] == "Succeeded", seen
 
 
 def test_inferop_rollout_steers_within_one_reconcile(drill: dict[str, Any]) -> None:

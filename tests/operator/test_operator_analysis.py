@@ -182,6 +182,7 @@ class TestGatewayQueries:
         assert cluster_matcher(self.CLUSTERS) == where
         assert gateway_queries(self.CLUSTERS, 9.2) == {
             "requests": f"sum(increase(envoy_cluster_upstream_rq_total{{{where}}}[10s]))",
+            "unsent": f"sum(increase(envoy_cluster_upstream_rq_pending_failure_eject{{{where}}}[10s]))",
             "errors": f'sum(increase(envoy_cluster_upstream_rq_xx{{{where},envoy_response_code_class="5"}}[10s]))',
             "resets envoy_cluster_upstream_rq_rx_reset": (
                 f"sum(increase(envoy_cluster_upstream_rq_rx_reset{{{where}}}[10s]))"
@@ -207,6 +208,18 @@ class TestGatewayQueries:
         assert figures is not None
         assert (figures.requests, figures.error_ratio, figures.reset_ratio, figures.p99_ms) == (200, 0.05, 0.02, 9.9)
         assert figures.slower_than(7.5) == (10.0, 0.0)
+
+    def test_requests_refused_before_they_were_sent_count(self) -> None:
+        """Pods that reset every connection from the gateway: Envoy's upstream_rq_total stays at 0, the requests are
+        in upstream_rq_pending_failure_eject, and each is answered 503."""
+        queries = gateway_queries(self.CLUSTERS, 10)
+        failed = queries["resets envoy_cluster_upstream_cx_connect_fail"]
+        answers = {queries["requests"]: 0.0, queries["unsent"]: 85.0, queries["errors"]: 85.0, failed: 85.0}
+        figures = gateway_window(answers.get, lambda _: {}, self.CLUSTERS, 10)
+        assert figures is not None
+        assert (figures.requests, figures.unsent, figures.error_ratio, figures.reset_ratio) == (85, 85, 1.0, 1.0)
+        without_the_count = gateway_window({**answers, queries["unsent"]: 0.0}.get, lambda _: {}, self.CLUSTERS, 10)
+        assert without_the_count is not None and without_the_count.error_ratio == 1.0  # 5xx are requests too
 
     def test_no_5xx_series_yet_is_none_and_no_request_timed_no_p99(self) -> None:
         queries = gateway_queries(self.CLUSTERS, 10)

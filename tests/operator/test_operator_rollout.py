@@ -20,6 +20,7 @@ from inferop_operator.rollout import (
     TrackFigures,
     advance,
     analysis_due,
+    analysis_window,
     canary_replicas,
     decide,
     gateway_figures,
@@ -496,9 +497,10 @@ class TestJudgeAtTheGateway:
         assert (found.verdict, found.check) == ("Failed", "gatewayErrors")
         assert found.message.startswith("5xx answers at the gateway +100.00% against the stable revision's (at most")
 
-    def test_without_the_gateway_check_that_candidate_is_only_no_data(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr("inferop_operator.rollout._gateway_failures", lambda *_: None)
-        found = self.judged(serving(at_gateway(errors=200), requests=0), serving(at_gateway()))
+    def test_without_the_gateway_check_that_candidate_is_only_no_data(self) -> None:
+        rollout = rollout_of(analysis=ROLLOUT["analysis"])
+        candidate, stable = serving(at_gateway(errors=200), requests=0), serving(at_gateway())
+        found = judge(candidate, stable, rollout, 1, 5, 10, T0, True, frozenset({"gateway-failures"}))
         assert (found.verdict, found.check) == ("NoData", "requests")  # held at its weight, callers failing
 
     def test_failures_triton_counted_are_named_as_triton_counted_them(self) -> None:
@@ -684,3 +686,29 @@ class TestEnvoysHistogram:
         assert figures.slower_than(14.9) == (25.0, 10.0)
         assert figures.slower_than(10.0) == (10.0, 20.0)
         assert figures.slower_than(20_000) == (math.inf, 0.0)
+
+
+class TestSafeguardsRemoved:
+    """INFEROP_ROLLOUT_ABLATE, for the drills' ablations: each safeguard removed, the state machine does what it would
+    do without it (and the unit tests above, what it does with it)."""
+
+    def test_without_ready_pods_a_step_takes_its_weight_at_once(self) -> None:
+        passed = analysed("Passed", T0 + 60)
+        waits = advance(at_step(0), rollout_of(), Observed(T0 + 60, analysis=passed), {})
+        assert (waits.step, waits.weight, waits.scaling_for) == (0, 5, 25)
+        ablated = Observed(T0 + 60, analysis=passed, ablated=frozenset({"ready-pods"}))
+        moved = advance(at_step(0), rollout_of(), ablated, {})
+        assert (moved.reason, moved.step, moved.weight, moved.scaling_for) == ("StepStarted", 1, 25, None)
+
+    def test_without_the_sliding_window_an_analysis_reads_the_step_so_far(self) -> None:
+        state = at_step(0, settled_at=T0)
+        assert analysis_window(state, rollout_of(), T0 + 50) == (T0 + 40, 10)
+        assert analysis_window(state, rollout_of(), T0 + 50, frozenset({"sliding-window"})) == (T0, 50)
+
+    def test_without_stable_first_a_slow_candidate_loses_its_weight_before_the_stable_pods_are_back(self) -> None:
+        rollout = rollout_of(scaleDown=SCALE)
+        scaled = at_step(1).model_copy(update={"stable_replicas": 3})
+        slow = analysed("Failed", T0 + 40, 1).model_copy(update={"check": "latency"})
+        back = advance(scaled, rollout, Observed(T0 + 40, analysis=slow, stable_full=4), {})
+        ablated = Observed(T0 + 41, stable_full=4, ablated=frozenset({"stable-first"}))
+        assert advance(back, rollout, ablated, {}).weight == 0

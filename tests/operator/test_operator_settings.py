@@ -48,6 +48,7 @@ class TestInvalidSettings:
                 "INFEROP_RUNTIME_MEMORY_OVERHEAD: '5Zz' is not a Kubernetes quantity",
             ),
             ("INFEROP_DEFAULT_GATEWAY", "Gateway", "INFEROP_DEFAULT_GATEWAY: String should match pattern"),
+            ("INFEROP_ROLLOUT_ABLATE", "ready-pods,nothing", "INFEROP_ROLLOUT_ABLATE: no safeguard 'nothing'; one of"),
         ],
     )
     def test_each_names_its_variable(

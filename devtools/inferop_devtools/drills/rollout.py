@@ -14,15 +14,18 @@ service serving a small policy/value net:
               which the image's model reads), same answers: rolled back. A request's time is more than its
               execution: three times the execution read 1.59-1.68x the stable revision's time a request, at the
               default gate of 1.5x, and was rolled back at one step or the next by chance; six reads well beyond it
+    p99       a build whose executions stall now and then (a tenth of them 150 ms longer), the mean gate removed:
+              rolled back by the p99 gate alone
     failing   a build that errors on boards holding 0.5 (INFEROP_FAULT_FAIL_VALUE), which the held-out boards
               never hold and a tenth of live requests do: rolled back within its first step's error budget
-    failing_ungated  the same with the failure gate removed (maxFailureRatioIncrease 1): the budget is exceeded
     crash     the candidate's servers killed at a step with live requests: no metrics from them, Envoy's
               connections refused; rolled back on the restart the API shows, within an interval
+    gateway_503  the candidate's pods reset the gateway's connections at a step with live requests: Envoy answers
+              503, Triton sees nothing, the pods stay Ready; rolled back on the gateway's figures, within an interval
     oom       a build that leaks at a step with live requests until its memory limit kills its model's process:
               rolled back within an interval
-    late      the failing build's fault from 80% of a step six intervals long: caught within an interval of its start
-    starting  a build whose pods take 20 s more to load: every weight waits for its pods, no request fails
+    late      the failing build's fault from 80% of a step 25 intervals long: caught within an interval of its start
+    starting  a build whose pods take 20 s more to load: every weight waits for its Ready pods, no request fails
     capacity  three stable pods following a good candidate's weight down: 2 at 34%, 1 at 67% and at 100%
     capacity_slow  the slow build with the stable pods scaled to its share: its weight stays until they are back
     steer     `inferop rollout` promote (a step held by a pause), abort, retry and promote --full, each timed
@@ -35,6 +38,11 @@ service serving a small policy/value net:
               the traffic Envoy sends afterwards
     kill      the operator SIGKILLed at a random moment of a random step after the first: it resumes there
     blind     Prometheus stopped mid-rollout: the rollout pauses, and resumes when it is back
+
+and NAME_ablated for each scenario of ABLATIONS: the same with what makes its goal removed (a safeguard of the
+operator, INFEROP_ROLLOUT_ABLATE, or a gate of its analysis), where its goal must fail. good, steer and the
+scenarios of routing (wrong, near, shadow, header, second, kill, blind) have none: what they check is the mechanism
+itself (a promotion, an action taken, a route), with no switch to remove short of the feature.
 """
 
 from __future__ import annotations
@@ -60,8 +68,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from kubernetes.dynamic.exceptions import NotFoundError
 
 from inferop_devtools.choices import add_subset_option
+from inferop_devtools.cluster.controlplane import ClusterError
 from inferop_devtools.dashboard import PANELS, evaluate, plausible
 from inferop_devtools.drills.traffic import Mix, Request, Sent, Traffic, board_request
 from inferop_devtools.gateway.plane import (
@@ -74,9 +84,9 @@ from inferop_devtools.gateway.plane import (
     wait_for,
 )
 from inferop_operator.analysis import series_label
-from inferop_operator.builders import ENVOY_GATEWAY_GROUP
-from inferop_operator.identity import COMPONENT, COMPONENTS, INSTANCE, TRITON_CONTAINER
-from inferop_operator.rollout import DRAIN_SECONDS, stable_share
+from inferop_operator.builders import ENVOY_GATEWAY_GROUP, HTTP_PORT
+from inferop_operator.identity import CANDIDATE_SUFFIX, COMPONENT, COMPONENTS, INSTANCE, TRITON_CONTAINER
+from inferop_operator.rollout import DRAIN_SECONDS, SAFEGUARDS, canary_replicas, stable_share
 
 log = logging.getLogger("rollout-drill")
 MODEL = "conv_net"
@@ -101,8 +111,13 @@ ENDED = ("Succeeded", "RolledBack")  # a rollout's final phases
 P99 = 0.99
 ARM_FILE = "/tmp/inferop-fault"  # in a candidate's Triton container (an emptyDir): its armed faults act once made
 LEAK_MIB = 16  # the leaking build keeps this much more after each execution: past 1Gi within seconds at its weight
-LATE_STEPS = 6  # the late regression's step, in analysis intervals
-LATE_SHARE = 0.8  # of that step, when it starts failing
+# The late regression's step, in analysis intervals: long enough that its first interval failing, read over the step
+# so far (the ablation), stays under the failure gate (a tenth failing over a 25th of the step: 0.4%).
+LATE_STEPS = 25
+LATE_SHARE = 0.8  # of that step, after which it starts failing (right after the next analysis)
+TAIL_SHARE = 0.1  # of the stalling build's executions take TAIL_MS more: its p99 from Envoy's first buckets to past 100
+TAIL_MS = 150
+P99_INTERVAL = 10  # the p99 scenario's analysis interval: two of Envoy's histogram updates and 100 requests a track
 CAPACITY_REPLICAS = 3  # the capacity scenarios' stable pods
 CAPACITY_DELAY = 5  # seconds a step's weight holds before the stable pods scale to it, in the capacity scenario
 KILL_STEPS = [25, 50, 100]  # the kill scenario's steps where the drill's have fewer than three
@@ -121,6 +136,7 @@ class Settings:
     rate: float
     replicas: int = 2
     cpu_request: str = "250m"  # each Triton pod's: both tracks' pods and the gateway's fit the node's CPUs
+    removed: dict[str, dict[str, Any]] = field(default_factory=dict)  # an ablation's rollout changes, by section
 
     @classmethod
     def of(cls, quick: bool) -> Settings:
@@ -131,8 +147,12 @@ class Settings:
         return cls(steps=[5, 25, 50, 100], step_seconds=30, interval_seconds=10, min_requests=20, rate=60.0)
 
     def rollout(self, **changes: Any) -> dict[str, Any]:
+        """The drill's rollout section with `changes`, and an ablation's (`removed`) over both."""
         analysis = {"intervalSeconds": self.interval_seconds, "minRequests": self.min_requests}
-        return {"steps": self.steps, "stepSeconds": self.step_seconds, "analysis": analysis, **changes}
+        spec = {"steps": self.steps, "stepSeconds": self.step_seconds, "analysis": analysis, **changes}
+        for section, removed in self.removed.items():
+            spec[section] = {**spec.get(section, {}), **removed}
+        return spec
 
 
 def track_cpu(component: str) -> int | None:
@@ -387,6 +407,7 @@ class Drill:
     def service(self, name: str, rollout: dict[str, Any]) -> Iterator[Observer]:
         """The service serving the stable revision, Ready and reachable through the gateway; deleted after."""
         self.plane.apply_service(manifest(name, self.models, self.settings, rollout))
+        observer = None
         try:
             wait_for(
                 lambda: (self.plane.service(name).get("status") or {}).get("readyReplicas") == self.settings.replicas,
@@ -398,10 +419,28 @@ class Drill:
             wait_for(lambda: self._answers(probe), f"{name} answering through the gateway", 60)
             observer = Observer(self.plane, name).run()
             yield observer
-            observer.stop()
         finally:
+            if observer is not None:
+                observer.stop()
             self.plane.delete_service(name)
             wait_for(lambda: not self.pods_of(name), f"{name}'s pods gone", 60)
+
+    @contextmanager
+    def without(self, ablation: Ablation) -> Iterator[Drill]:
+        """This drill with `ablation`'s rollout changes, its operator started again without its safeguards; after,
+        the operator as it was."""
+        operator = self.plane.operator
+        if ablation.safeguards:
+            operator.stop()
+            operator.extra_env["INFEROP_ROLLOUT_ABLATE"] = ",".join(ablation.safeguards)
+            operator.start()
+        try:
+            yield Drill(self.plane, self.models, replace(self.settings, removed=ablation.rollout))
+        finally:
+            if ablation.safeguards:
+                operator.stop()
+                del operator.extra_env["INFEROP_ROLLOUT_ABLATE"]
+                operator.start()
 
     def pods_of(self, name: str) -> list[str]:
         return [pod["metadata"]["name"] for pod in self.plane.triton_pods(name)]
@@ -420,8 +459,11 @@ class Drill:
         self.plane.patch_service(name, spec)
         return time.monotonic()
 
-    def timeout(self) -> float:
-        return 120 + len(self.settings.steps) * (self.settings.step_seconds + 3 * self.settings.interval_seconds)
+    def timeout(self, rollout: dict[str, Any] | None = None) -> float:
+        """How long a rollout (by default the drill's) may take to end: each step, three intervals more, two minutes."""
+        spec = rollout or self.settings.rollout()
+        step = spec["stepSeconds"] + 3 * spec["analysis"]["intervalSeconds"]
+        return 120 + len(spec["steps"]) * step
 
     # -- one per candidate
 
@@ -436,15 +478,18 @@ class Drill:
         """The service up, live traffic, then `change` of its spec, until the rollout ends; with `admission`, what
         the gateway admits (`self.admission`) before the change; `during` runs beside the rollout, from the change
         on, and its answer is the run's `seen`."""
-        with self.service(name, rollout or self.settings.rollout()) as observer, ThreadPoolExecutor(1) as beside:
+        rollout = rollout or self.settings.rollout()
+        with self.service(name, rollout) as observer, ThreadPoolExecutor(1) as beside:
             admitted = self.admission(name) if admission else None
             traffic = self.traffic(name)
-            time.sleep(3)
-            before = self.plane.envoy_stats(*ENVOY_CHURN)
-            changed = self.change(name, change)
-            seen = beside.submit(during, name, observer) if during else None
-            final = observer.final(self.timeout())
-            outcomes = traffic.stop()
+            try:
+                time.sleep(3)
+                before = self.plane.envoy_stats(*ENVOY_CHURN)
+                changed = self.change(name, change)
+                seen = beside.submit(during, name, observer) if during else None
+                final = observer.final(self.timeout(rollout))
+            finally:
+                outcomes = traffic.stop()
             after = self.plane.envoy_stats(*ENVOY_CHURN)
             found = seen.result(timeout=60) if seen else None
         churn = {stat: after[stat] - before[stat] for stat in ENVOY_CHURN}
@@ -586,32 +631,46 @@ class Drill:
             ),
         )
 
-    def failing(self, gate: bool = True) -> dict[str, Any]:
-        """Rolled back within one interval of its first step with live requests: its failed requests stay within a
-        budget fixed by that step (`failure_budget`), whatever weight the rollout would have reached. Without the
-        gate (`gate` False: maxFailureRatioIncrease 1, which the gateway's checks use too) it goes on through every
-        step, and the same budget must fail: the ablation."""
-        failing = self.model_with(weights="random (seed 0), fails on 0.5")
-        rollout = self.settings.rollout() if gate else self.settings.rollout(
-            analysis={**self.settings.rollout()["analysis"], "maxFailureRatioIncrease": 1}
-        )  # fmt: skip
-        run = self.roll("failing", {**failing, **fault(INFEROP_FAULT_FAIL_VALUE=FAIL_VALUE)}, rollout)
-        failed = run.callers["failed"]
-        bound = self.failure_budget(FAILING_SHARE)
-        judged = (
-            ("rolled back by its analysis", run.rolled_back_by("AnalysisFailed")),
-            (f"failed requests within the first step's budget ({bound:.0f})", failed <= bound),
+    def p99(self) -> dict[str, Any]:
+        """A build whose executions stall now and then (TAIL_SHARE of them TAIL_MS longer), same answers: the mean gate
+        removed (maxLatencyRatio 100), the p99 gate alone rolls it back, at the first step where both tracks have the
+        requests it needs (P99_INTERVAL)."""
+        stalling = {
+            **self.model_with(weights="random (seed 0), stalls now and then"),
+            **fault(INFEROP_FAULT_TAIL_SHARE=TAIL_SHARE, INFEROP_FAULT_TAIL_MS=TAIL_MS),
+        }
+        analysis = {"intervalSeconds": P99_INTERVAL, "minRequests": self.settings.min_requests, "maxLatencyRatio": 100}
+        rollout = self.settings.rollout(
+            stepSeconds=max(self.settings.step_seconds, 3 * P99_INTERVAL), analysis=analysis
         )
-        if gate:
-            return run.report(failed_bound=round(bound, 1), goals=goals(*judged))
+        run = self.roll("p99", stalling, rollout)
+        took = run.exposed_to_rollback()
+        limit = 2 * P99_INTERVAL + 2 * TICK_SECONDS
+        failed = next((a for a in run.observer.analyses if a["verdict"] == "Failed"), {})
+        return run.report(
+            seconds_from_exposing_step_to_rollback=took,
+            goals=goals(
+                ("rolled back by its analysis's p99 gate",
+                 run.rolled_back_by("AnalysisFailed") and failed.get("check") == "p99"),
+                (f"within two analysis intervals of the step exposing it (+2 ticks: {limit:g} s)",
+                 took is not None and took <= limit),
+            ),
+        )  # fmt: skip
+
+    def failing(self) -> dict[str, Any]:
+        """Rolled back within one interval of its first step with live requests: its failed requests stay within a
+        budget fixed by that step (`failure_budget`), whatever weight the rollout would have reached (without the
+        gate, it goes on through every step and the same budget fails: ABLATIONS)."""
+        failing = self.model_with(weights="random (seed 0), fails on 0.5")
+        run = self.roll("failing", {**failing, **fault(INFEROP_FAULT_FAIL_VALUE=FAIL_VALUE)})
+        bound = self.failure_budget(FAILING_SHARE)
         return run.report(
             failed_bound=round(bound, 1),
-            goals_without_the_gate=goals(*judged),
-            goals=goals(("without the gate, the budget is exceeded", not judged[1][1])),
+            goals=goals(
+                ("rolled back by its analysis", run.rolled_back_by("AnalysisFailed")),
+                (f"failed requests within the first step's budget ({bound:.0f})", run.callers["failed"] <= bound),
+            ),
         )
-
-    def failing_ungated(self) -> dict[str, Any]:
-        return self.failing(gate=False)
 
     def failure_budget(self, share: float) -> float:
         """The failed requests a candidate failing `share` of its requests may cost: its first step with live
@@ -653,6 +712,17 @@ class Drill:
                     os.kill(pid, signal.SIGKILL)
         return len(containers)
 
+    def refuse_gateway(self, name: str) -> int:
+        """Each of `name`'s candidate pods resets every packet from the gateway's Envoy to its HTTP port (a rule in
+        the pod's network namespace), as a pod whose server no longer accepts, or a network that drops it: Envoy
+        answers callers 503; the pod stays Ready (the kubelet's probes come from the node) and Triton sees nothing."""
+        envoy = self.plane.envoy_pod()["status"]["podIP"]
+        containers = self.candidate_processes(name)
+        for pids in containers:
+            rule = ["-p", "tcp", "-s", envoy, "--dport", str(HTTP_PORT), "-j", "REJECT", "--reject-with", "tcp-reset"]
+            subprocess.run(["nsenter", "-t", str(pids[0]), "-n", "iptables", "-I", "INPUT", *rule], check=True)
+        return len(containers)
+
     def broken(
         self,
         name: str,
@@ -663,11 +733,13 @@ class Drill:
         start: Callable[[str], int] | None = None,
     ) -> dict[str, Any]:
         """A candidate that passes its agreement check and serves well, until its fault starts (`start`, by default
-        `arm`: the faults of `env` act) `into_step` of the way through the first step that sends it live requests:
-        rolled back within one analysis interval of the fault's start, with at most the requests its weight takes in
-        that interval failed, and 1% of all the callers' requests."""
+        `arm`: the faults of `env` act) `into_step` of the way through the first step that sends it live requests
+        (later than that, right after the next analysis: a fault from then on is a whole interval of the next
+        window): rolled back within one analysis interval of the fault's start, with at most the requests its weight
+        takes in that interval failed, and 1% of all the callers' requests."""
         rollout = rollout or self.settings.rollout()
         begin = start or self.arm
+        interval = rollout["analysis"]["intervalSeconds"]
         change = {
             **self.model_with(weights=f"random (seed 0), {build}"),
             **fault(**env, INFEROP_FAULT_ARM_FILE=ARM_FILE),
@@ -680,6 +752,9 @@ class Drill:
             )  # fmt: skip
             started = observer.when(lambda t: bool(t["stepStartedAt"]) and (t["weight"] or 0) > 0) or time.monotonic()
             time.sleep(max(0.0, started + into_step * rollout["stepSeconds"] - time.monotonic()))
+            if into_step:
+                analysed = len(observer.analyses)
+                wait_for(lambda: len(observer.analyses) > analysed, "the next analysis", 3 * interval)
             armed = begin(service)
             return {"at": time.monotonic(), "step": state["step"], "weight": state["weight"], "containers": armed}
 
@@ -688,7 +763,6 @@ class Drill:
         armed_at, weight = run.seen["at"], run.seen["weight"]
         back = run.observer.when(lambda t: t["at"] >= armed_at and t["weight"] == 0)
         took = round(back - armed_at, 1) if back is not None else None
-        interval = self.settings.interval_seconds
         limit = interval + 2 * TICK_SECONDS
         after = [s for s in run.outcomes if s.at >= armed_at]
         failed = sum(1 for s in after if s.kind != "ok")
@@ -713,6 +787,12 @@ class Drill:
         connections refused while the kubelet restarts them; the API shows the restart."""
         return self.broken("crash", "crashes", {}, start=self.kill_servers)
 
+    def gateway_503(self) -> dict[str, Any]:
+        """The candidate's pods reset the gateway's connections at a step with live requests (`refuse_gateway`):
+        Envoy answers 503, no Triton metric moves and the API shows every pod Ready; the gateway's figures roll it
+        back."""
+        return self.broken("gateway-503", "refuses the gateway", {}, start=self.refuse_gateway)
+
     def oom(self) -> dict[str, Any]:
         """Every execution keeps LEAK_MIB more once armed, until the pod's memory limit kills the model's process
         (in this image the python backend's stub, which Triton starts again: the container is not restarted, so
@@ -728,21 +808,30 @@ class Drill:
         )
 
     def starting(self) -> dict[str, Any]:
-        """A candidate whose pods take STARTING_SECONDS more to load: each step's weight waits for the pods it
-        needs, so no weight change fails a request."""
+        """A candidate whose pods take STARTING_SECONDS more to load: each step's weight waits for the Ready pods it
+        needs (as the candidate's Deployment says them, read beside the rollout), so no weight change fails a
+        request. Without the wait (the ablation) a weight outruns its pods; Envoy sends requests to Ready pods only,
+        so at the drill's load the pods that are Ready hold it, and only the first goal shows it."""
         change = {
             **self.model_with(weights="random (seed 0), loads slowly"),
             **fault(INFEROP_FAULT_LOAD_SECONDS=STARTING_SECONDS),
         }
-        run = self.roll("starting", change)
+        run = self.roll("starting", change, during=self.pods_beside("candidate"))
+        assert run.seen is not None
         at_changes = run.failed_near(run.observer.weight_changes())
         waited = [t for t in run.observer.transitions if t["reason"] == "CandidateScaling"]
+        needs = {w: canary_replicas(self.settings.replicas, w, 0, False) for w in self.settings.steps}
+        short = [  # a weight in effect with fewer Ready pods than it needs
+            s for s in run.seen["candidate"]
+            if s["phase"] in ("Progressing", "Paused") and (s["ready"] or 0) < needs.get(s["weight"], 0)
+        ]  # fmt: skip
         return run.report(
             failed_at_weight_changes=len(at_changes),
             steps_that_waited_for_pods=len({t["step"] for t in waited}),
+            candidate_pods=run.seen["candidate"],
             goals=goals(
                 ("promoted", run.final.get("phase") == "Succeeded"),
-                ("a step waited for the candidate's pods", bool(waited)),
+                ("every weight had the candidate's Ready pods that it needs, as its Deployment says", not short),
                 ("no request fails over the whole rollout", run.callers["failed"] == 0),
             ),
         )
@@ -806,15 +895,19 @@ class Drill:
         """This drill with CAPACITY_REPLICAS stable pods, each requesting less CPU, so that both fleets fit the node."""
         return Drill(self.plane, self.models, replace(self.settings, replicas=CAPACITY_REPLICAS, cpu_request="100m"))
 
-    def stable_pods(self, name: str) -> Callable[[str, Observer], dict[str, Any]]:
-        """Beside a rollout: the stable Deployment's wanted and Ready pods at each change of them or of the weight,
-        until the candidate is promoted or rolled back."""
+    def pods_beside(self, track: str) -> Callable[[str, Observer], dict[str, Any]]:
+        """Beside a rollout: the `track`'s Deployment's wanted and Ready pods (as its status says them) at each change
+        of them or of the weight, until the candidate is promoted or rolled back."""
 
         def watch(service: str, observer: Observer) -> dict[str, Any]:
             seen: list[dict[str, Any]] = []
+            deployment = service + (CANDIDATE_SUFFIX if track == "candidate" else "")
             while True:
                 state = observer.state()
-                found = self.plane.cluster.get("apps/v1", "Deployment", service, MODELS) or {}
+                try:
+                    found = self.plane.cluster.get("apps/v1", "Deployment", deployment, MODELS)
+                except NotFoundError:  # the candidate's, before it is made
+                    found = {}
                 now = {
                     "phase": state.get("phase"), "weight": state.get("weight"),
                     "wanted": (found.get("spec") or {}).get("replicas"),
@@ -823,7 +916,7 @@ class Drill:
                 if not seen or {k: v for k, v in seen[-1].items() if k != "at"} != now:
                     seen.append({"at": round(time.monotonic(), 1), **now})
                 if state.get("phase") in ("Finishing", *ENDED):
-                    return {"stable": seen}
+                    return {track: seen}
                 time.sleep(0.25)
 
         return watch
@@ -836,7 +929,9 @@ class Drill:
         rollout = drill.settings.rollout(
             steps=steps, scaleDown={"delaySeconds": CAPACITY_DELAY, "headroomPercent": 0}
         )  # fmt: skip
-        run = drill.roll(name, {"batching": {"maxQueueDelayMicroseconds": 0}}, rollout, during=self.stable_pods(name))
+        run = drill.roll(
+            name, {"batching": {"maxQueueDelayMicroseconds": 0}}, rollout, during=self.pods_beside("stable")
+        )
         assert run.seen is not None
         seen = run.seen["stable"]
         wanted = {w: stable_share(CAPACITY_REPLICAS, w, 0) for w in steps}
@@ -860,7 +955,7 @@ class Drill:
         drill, name = self.scaled(), "capacity-slow"
         rollout = drill.settings.rollout(steps=[67, 100], scaleDown={"delaySeconds": 0, "headroomPercent": 0})
         slow = {**self.model_with(weights="random (seed 0), slow build"), **fault(INFEROP_FAULT_SLOWDOWN=SLOWDOWN)}
-        run = drill.roll(name, slow, rollout, during=self.stable_pods(name))
+        run = drill.roll(name, slow, rollout, during=self.pods_beside("stable"))
         assert run.seen is not None
         seen = run.seen["stable"]
         scaled_down = any(s["wanted"] == 1 and s["weight"] == 67 for s in seen)
@@ -1238,12 +1333,79 @@ def goals(*checks: tuple[str, bool]) -> list[dict[str, Any]]:
     return [{"text": text, "met": bool(met)} for text, met in checks]
 
 
+@dataclass(frozen=True)
+class Ablation:
+    """A scenario again with what makes its goal removed: safeguards of the operator (INFEROP_ROLLOUT_ABLATE,
+    rollout.SAFEGUARDS) or sections of its rollout changed (`rollout`). Its goal then must fail: the goal
+    `must_fail` names (by its first words), or any."""
+
+    scenario: str
+    removed: str
+    safeguards: tuple[str, ...] = ()
+    rollout: dict[str, dict[str, Any]] = field(default_factory=dict)
+    must_fail: str = ""
+
+    def run(self, drill: Drill) -> dict[str, Any]:
+        """The scenario without what this removes; one that never ends (a rollout held for ever) fails its goals."""
+        with drill.without(self) as ablated:
+            try:
+                found = SCENARIOS[self.scenario](ablated)
+                kept = [g for g in found["goals"] if g["text"].startswith(self.must_fail)]
+            except ClusterError as never:  # held for ever: whatever its goals were, they were not met in time
+                said = dict(re.findall(r'"(phase|reason|weight)": "?(\w+)', str(never))[::-1])  # the first of each
+                held = ", ".join(f"{key} {said[key]}" for key in ("phase", "reason", "weight") if key in said)
+                found = {"error": str(never)[:4000], "goals": goals((f"the rollout ends (it did not: {held})", False))}
+                kept = found["goals"]
+        failed = [g["text"][:200] for g in kept if not g["met"]]
+        return {
+            **{key: value for key, value in found.items() if key != "goals"},
+            "removed": self.removed,
+            "goals_with_it_removed": found["goals"],
+            "goals": goals(
+                (f"without {self.removed}, its goal fails: {'; '.join(failed) or 'none did'}", bool(failed))
+            ),
+        }
+
+
+GATES_OFF = {"maxLatencyRatio": 100, "maxP99Ratio": 100, "maxFailureRatioIncrease": 1}  # each at its most
+
+
+def gates_off(*gates: str) -> dict[str, dict[str, Any]]:
+    """The rollout's analysis with `gates` at their most: what they would fail, they pass."""
+    return {"analysis": {gate: GATES_OFF[gate] for gate in gates}}
+
+
+WITHIN = "back at weight 0 within"
+ABLATIONS = {
+    "slow": Ablation("slow", "the latency gates", rollout=gates_off("maxLatencyRatio", "maxP99Ratio")),
+    "p99": Ablation("p99", "the p99 gate", rollout=gates_off("maxP99Ratio")),
+    "failing": Ablation(
+        "failing", "the failure gate", rollout=gates_off("maxFailureRatioIncrease"), must_fail="failed requests"
+    ),
+    "crash": Ablation(
+        "crash", "judging failures outside Triton", ("pod-failures", "gateway-failures"), must_fail=WITHIN
+    ),
+    "gateway_503": Ablation("gateway_503", "the gateway's figures", ("gateway-failures",), must_fail=WITHIN),
+    "oom": Ablation(
+        "oom", "the latency gates and the pods' failures", ("pod-failures",),
+        gates_off("maxLatencyRatio", "maxP99Ratio"), must_fail=WITHIN,
+    ),
+    "late": Ablation("late", "the sliding window", ("sliding-window",), must_fail=WITHIN),
+    "starting": Ablation(
+        "starting", "waiting for the candidate's Ready pods", ("ready-pods",), must_fail="every weight had"
+    ),
+    "capacity": Ablation("capacity", "the stable pods following the weight", rollout={"scaleDown": {"enabled": False}}),
+    "capacity_slow": Ablation("capacity_slow", "the stable pods back first", ("stable-first",)),
+}  # fmt: skip
+assert all(name in SAFEGUARDS for ablation in ABLATIONS.values() for name in ablation.safeguards)
+
 SCENARIOS: dict[str, Callable[[Drill], dict[str, Any]]] = {
     "good": Drill.good,
     "slow": Drill.slow,
+    "p99": Drill.p99,
     "failing": Drill.failing,
-    "failing_ungated": Drill.failing_ungated,
     "crash": Drill.crash,
+    "gateway_503": Drill.gateway_503,
     "oom": Drill.oom,
     "late": Drill.late,
     "starting": Drill.starting,
@@ -1258,6 +1420,7 @@ SCENARIOS: dict[str, Callable[[Drill], dict[str, Any]]] = {
     "kill": Drill.kill,
     "blind": Drill.blind,
 }
+SCENARIOS.update({f"{name}_ablated": ablation.run for name, ablation in ABLATIONS.items()})
 
 
 def run(workdir: Path, quick: bool, chosen: list[str]) -> dict[str, Any]:
@@ -1270,7 +1433,15 @@ def run(workdir: Path, quick: bool, chosen: list[str]) -> dict[str, Any]:
         for name in chosen:
             log.info("scenario %s", name)
             started = time.monotonic()
-            results["scenarios"][name] = {**SCENARIOS[name](drill), "seconds": round(time.monotonic() - started, 1)}
+            try:
+                found = SCENARIOS[name](drill)
+            except Exception as error:  # what did not happen in time, or went wrong: this one fails, the others run
+                log.exception("scenario %s", name)
+                found = {
+                    "error": str(error)[:4000],
+                    "goals": goals((f"the scenario runs to its end: {error}"[:300], False)),
+                }
+            results["scenarios"][name] = {**found, "seconds": round(time.monotonic() - started, 1)}
             log.info("scenario %s: %s", name, results["scenarios"][name]["goals"])
         results["operator_tracebacks"] = plane.operator.tracebacks()
     results["met"] = all(g["met"] for s in results["scenarios"].values() for g in s["goals"])
@@ -1324,7 +1495,17 @@ def format_rollout(result: dict[str, Any]) -> str:
         "| candidate | outcome | callers | figures | goals |",
         "|---|---|---|---|---|",
     ]
-    skip = {"goals", "transitions", "callers", "final", "reason", "message", "seconds"}
+    skip = {
+        "goals",
+        "transitions",
+        "callers",
+        "final",
+        "reason",
+        "message",
+        "seconds",
+        "error",
+        "goals_with_it_removed",
+    }
     for name, scenario in result["scenarios"].items():
         outcome = " ".join(str(scenario[key]) for key in ("final", "reason") if scenario.get(key))
         callers_seen = scenario.get("callers") or {}
