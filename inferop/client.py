@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from inferop.serving.pipeline import ImageRefused, image_tensor, preprocess, softmax
 from inferop_core.agreement import NUMPY_TYPES
 from inferop_core.errors import InferopError
 from inferop_core.processing import PROCESSING_PARAMETER, Processing
@@ -168,27 +169,16 @@ def sample_picture() -> Any:
 
 
 def preprocess_image(path: Path | None, size: int, processing: Processing) -> np.ndarray:
-    """The declared preprocessing: resize the short side, centre crop, normalise, CHW (the drawn sample
-    picture when `path` is None)."""
-    from PIL import Image, UnidentifiedImageError
-
-    if path is None:
-        rgb = sample_picture()
-    else:
-        try:
-            with Image.open(path) as image:
-                rgb = image.convert("RGB")
-        except (FileNotFoundError, UnidentifiedImageError) as error:
-            raise InferError(f"image {path}: {error}") from error
+    """The declared preprocessing of the image file at `path` (the drawn sample picture when None), as a pipeline's
+    server runs it (inferop.serving.pipeline)."""
     assert processing.resize_ratio is not None and processing.mean is not None and processing.std is not None
-    mean, std = np.array(processing.mean, dtype=np.float32), np.array(processing.std, dtype=np.float32)
-    short = round(size * processing.resize_ratio)
-    scale = short / min(rgb.size)
-    width, height = max(short, round(rgb.width * scale)), max(short, round(rgb.height * scale))
-    resized = rgb.resize((width, height), Image.Resampling.BILINEAR)
-    left, top = (resized.width - size) // 2, (resized.height - size) // 2
-    crop = np.asarray(resized.crop((left, top, left + size, top + size)), dtype=np.float32) / 255.0
-    return ((crop - mean) / std).transpose(2, 0, 1)
+    declared = (size, processing.resize_ratio, processing.mean, processing.std)
+    if path is None:
+        return preprocess(sample_picture(), *declared)
+    try:
+        return image_tensor(path.read_bytes(), *declared)
+    except (OSError, ImageRefused) as error:
+        raise InferError(f"image {path}: {error}") from error
 
 
 def load_board(path: Path | None, dims: list[int], seed: int) -> np.ndarray:
@@ -203,11 +193,6 @@ def load_board(path: Path | None, dims: list[int], seed: int) -> np.ndarray:
     if board.size != int(np.prod(dims)):
         raise InferError(f"board {path}: {list(board.shape)} cells do not fit the model's board {dims}")
     return board.reshape(dims)
-
-
-def softmax(values: np.ndarray) -> np.ndarray:
-    shifted = np.exp(values - values.max())
-    return shifted / shifted.sum()
 
 
 def classify(

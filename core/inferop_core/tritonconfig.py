@@ -7,6 +7,7 @@ field name is checked against Triton's schema rather than trusted to a string te
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import re
 import sys
@@ -254,6 +255,149 @@ def build_model_config(cfg: ServingConfig) -> mc.ModelConfig:
             else:
                 data.zero_data = True
     return config
+
+
+# An image classifier behind a pipeline: callers send JPEG or PNG bytes to the ensemble, which runs the stages of
+# PIPELINE_BACKEND (a python-based backend: Triton's python backend running inferop/serving/pipeline.py, which the
+# image holds as backends/inferop_pipeline/model.py) around the model. Each stage reads its tensors' names from its
+# config and its settings from the parameters below.
+ENSEMBLE_PLATFORM = "ensemble"
+PIPELINE_BACKEND = "inferop_pipeline"
+STAGE_PARAMETER = "inferop_stage"
+PIPELINE_PARAMETER = "inferop_pipeline"
+IMAGE_INPUT = "IMAGE"
+PIXELS = "PIXELS"
+SCORES = "SCORES"
+LABELS_OUTPUT = "LABELS"
+PROBABILITIES_OUTPUT = "PROBABILITIES"
+PIPELINE_STAGES = ("pre", "post")
+
+
+class PipelineConfig(BaseModel):
+    """What an image pipeline's configs are made of: the model's own (`model`, named `<name>_model`) and the stages'
+    settings. The preprocessing is the model's declared processing, never restated."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="the ensemble's: what callers use")
+    model: ServingConfig
+    top_k: int = Field(default=5, ge=1)
+    max_image_bytes: int = Field(ge=1)
+    max_image_pixels: int = Field(ge=1)
+    pre_instances: int = Field(default=1, ge=1, le=256)
+    post_instances: int = Field(default=1, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _an_image_classifier(self) -> PipelineConfig:
+        model = self.model
+        processing = model.processing
+        if processing is None or processing.kind != "imageClassification":
+            kind = "none" if processing is None else processing.kind
+            raise ValueError(
+                f"model {model.name!r}: an image pipeline needs processing kind imageClassification ({kind})"
+            )
+        image = model.inputs[0]
+        if len(model.inputs) != 1 or len(image.dims) != 3 or image.dims[0] != 3 or image.dims[1] != image.dims[2]:
+            shapes = [(t.name, list(t.dims)) for t in model.inputs]
+            raise ValueError(f"model {model.name!r}: an image pipeline needs one input of 3 x N x N, not {shapes}")
+        scores = model.outputs[0]
+        if scores.label_filename is None or len(scores.dims) != 1 or scores.dynamic:
+            raise ValueError(
+                f"model {model.name!r}: an image pipeline needs a first output of one score a class, with labels "
+                f"({scores.name} {list(scores.dims)}, labels {scores.label_filename})"
+            )
+        if self.top_k > scores.dims[0]:
+            raise ValueError(f"topK {self.top_k}: the model has {scores.dims[0]} classes")
+        if model.name != member_name(self.name, "model"):
+            raise ValueError(f"the model of pipeline {self.name!r} is named {member_name(self.name, 'model')!r}")
+        return self
+
+    @property
+    def members(self) -> dict[str, str]:
+        """Each member's model name, in the order the ensemble runs them."""
+        return {stage: member_name(self.name, stage) for stage in ("pre", "model", "post")}
+
+    def stage_settings(self, stage: str) -> dict[str, object]:
+        """What a stage of inferop/serving/pipeline.py reads from its config (PIPELINE_PARAMETER)."""
+        if stage == "post":
+            return {"topK": self.top_k, "labelsFile": self.model.outputs[0].label_filename}
+        processing = self.model.processing
+        assert processing is not None
+        return {
+            "size": self.model.inputs[0].dims[-1],
+            "resizeRatio": processing.resize_ratio,
+            "mean": processing.mean,
+            "std": processing.std,
+            "maxImageBytes": self.max_image_bytes,
+            "maxImagePixels": self.max_image_pixels,
+        }
+
+
+def member_name(pipeline: str, stage: str) -> str:
+    return f"{pipeline}_{stage}"
+
+
+def build_pipeline_configs(cfg: PipelineConfig) -> dict[str, mc.ModelConfig]:
+    """The configs of the pipeline's models by name: the stages, the model and the ensemble that callers use."""
+    model, scores = cfg.model, cfg.model.outputs[0]
+    image = model.inputs[0]
+    configs = {model.name: build_model_config(model)}
+    tensors: dict[str, tuple[list[tuple[str, str, list[int]]], ...]] = {
+        "pre": ([(IMAGE_INPUT, "STRING", [1])], [(PIXELS, image.datatype, list(image.dims))]),
+        "post": (
+            [(SCORES, scores.datatype, list(scores.dims))],
+            [(LABELS_OUTPUT, "STRING", [cfg.top_k]), (PROBABILITIES_OUTPUT, "FP32", [cfg.top_k])],
+        ),
+    }
+    for stage, (inputs, outputs) in tensors.items():
+        name = cfg.members[stage]
+        config = mc.ModelConfig(name=name, backend=PIPELINE_BACKEND, max_batch_size=model.max_batch_size)
+        for tensor, datatype, dims in inputs:
+            config.input.add(name=tensor, data_type=_triton_type(datatype), dims=dims)
+        for tensor, datatype, dims in outputs:
+            config.output.add(name=tensor, data_type=_triton_type(datatype), dims=dims)
+        config.instance_group.add(
+            count=cfg.pre_instances if stage == "pre" else cfg.post_instances, kind=mc.ModelInstanceGroup.KIND_CPU
+        )
+        config.dynamic_batching.max_queue_delay_microseconds = 0  # a stage takes requests one by one: never wait
+        _queue_policy(config, model)
+        config.parameters[STAGE_PARAMETER].string_value = stage
+        config.parameters[PIPELINE_PARAMETER].string_value = json.dumps(cfg.stage_settings(stage), sort_keys=True)
+        configs[name] = config
+
+    ensemble = mc.ModelConfig(name=cfg.name, platform=ENSEMBLE_PLATFORM, max_batch_size=model.max_batch_size)
+    ensemble.input.add(name=IMAGE_INPUT, data_type=_triton_type("STRING"), dims=[1])
+    ensemble.output.add(name=LABELS_OUTPUT, data_type=_triton_type("STRING"), dims=[cfg.top_k])
+    ensemble.output.add(name=PROBABILITIES_OUTPUT, data_type=_triton_type("FP32"), dims=[cfg.top_k])
+    steps = ensemble.ensemble_scheduling.step
+    steps.add(
+        model_name=cfg.members["pre"],
+        model_version=-1,
+        input_map={IMAGE_INPUT: IMAGE_INPUT},
+        output_map={PIXELS: "pixels"},
+    )
+    steps.add(
+        model_name=model.name, model_version=-1, input_map={image.name: "pixels"}, output_map={scores.name: "scores"}
+    )
+    steps.add(
+        model_name=cfg.members["post"],
+        model_version=-1,
+        input_map={SCORES: "scores"},
+        output_map={LABELS_OUTPUT: LABELS_OUTPUT, PROBABILITIES_OUTPUT: PROBABILITIES_OUTPUT},
+    )
+    configs[cfg.name] = ensemble
+    return configs
+
+
+def _queue_policy(config: mc.ModelConfig, model: ServingConfig) -> None:
+    """The model's queue bound and timeout for a stage too: no stage of the pipeline waits without end."""
+    policy = config.dynamic_batching.default_queue_policy
+    if model.request_timeout_microseconds is not None:
+        policy.timeout_action = mc.ModelQueuePolicy.REJECT
+        policy.default_timeout_microseconds = model.request_timeout_microseconds
+        policy.allow_timeout_override = True
+    if model.max_queue_size is not None:
+        policy.max_queue_size = model.max_queue_size
 
 
 def random_weights(seed: int) -> str:

@@ -1,8 +1,10 @@
 """Translate an ONNX Runtime model repository into one the python backend serves, setting for setting.
 
 This is the only place local serving differs from a Triton container: the platform becomes our python
-model (model.py with ONNX Runtime); every other field of config.pbtxt is carried over untouched, so what
-is tested locally is the config the operator deploys.
+model (model.py with ONNX Runtime), and a pipeline's stages, which the image's python-based backend
+inferop_pipeline runs, get its model.py (pipeline.py) in their version directory; every other field of
+config.pbtxt is carried over untouched, so what is tested locally is the config the operator deploys.
+An ensemble is served as it is.
 """
 
 from __future__ import annotations
@@ -13,9 +15,13 @@ from pathlib import Path
 from inferop.serving.gpu import local_gpu
 from inferop_core.errors import InferopError
 from inferop_core.tritonconfig import (
+    ENSEMBLE_PLATFORM,
     MODEL_FILENAME,
     ONNX_PLATFORM,
+    PIPELINE_BACKEND,
+    PipelineConfig,
     ServingConfig,
+    build_pipeline_configs,
     mc,
     parse_model_config,
     render_model_config,
@@ -23,6 +29,7 @@ from inferop_core.tritonconfig import (
 )
 
 PYTHON_MODEL = Path(__file__).with_name("model.py")
+PIPELINE_MODEL = Path(__file__).with_name("pipeline.py")
 
 
 class RepositoryError(InferopError, ValueError):
@@ -32,14 +39,15 @@ class RepositoryError(InferopError, ValueError):
 def to_python_backend(config: mc.ModelConfig, gpu: bool = False) -> mc.ModelConfig:
     """The same config served by our model.py: only the platform changes, and without a local `gpu` the instance
     kind (a GPU instance group becomes a CPU one of the same count). With one, GPU groups stay on it and model.py
-    runs them with ONNX Runtime's CUDA provider under the config's gpu_mem_limit and arena_extend_strategy."""
-    if config.platform not in ("", ONNX_PLATFORM) or config.backend not in ("", "onnxruntime"):
-        raise RepositoryError(
-            f"model {config.name!r}: only ONNX models can be served locally "
-            f"(platform {config.platform!r}, backend {config.backend!r})"
-        )
+    runs them with ONNX Runtime's CUDA provider under the config's gpu_mem_limit and arena_extend_strategy. A
+    pipeline's stage changes its backend only; an ensemble nothing."""
     local = mc.ModelConfig()
     local.CopyFrom(config)
+    if served_as(config) == "ensemble":
+        return local
+    if served_as(config) == "stage":
+        local.backend = "python"
+        return local
     local.ClearField("platform")
     local.backend = "python"
     for group in local.instance_group:
@@ -49,8 +57,23 @@ def to_python_backend(config: mc.ModelConfig, gpu: bool = False) -> mc.ModelConf
     return local
 
 
+def served_as(config: mc.ModelConfig) -> str:
+    """What serves a config here: "onnx" (our model.py), "stage" (pipeline.py) or "ensemble" (Triton itself)."""
+    if config.platform == ENSEMBLE_PLATFORM:
+        return "ensemble"
+    if config.backend == PIPELINE_BACKEND:
+        return "stage"
+    if config.platform not in ("", ONNX_PLATFORM) or config.backend not in ("", "onnxruntime"):
+        raise RepositoryError(
+            f"model {config.name!r}: only ONNX models, ensembles and inferop's pipelines can be served locally "
+            f"(platform {config.platform!r}, backend {config.backend!r})"
+        )
+    return "onnx"
+
+
 def model_dirs(repo: Path) -> list[Path]:
-    """Model directories of `repo`, each checked to hold a parseable config and a versioned model.onnx."""
+    """Model directories of `repo`, each checked to hold a parseable config and a version directory (an ONNX model:
+    with its model.onnx)."""
     if not repo.is_dir():
         raise RepositoryError(f"model repository {repo} does not exist (run `inferop export` first)")
     models = sorted(p for p in repo.iterdir() if (p / "config.pbtxt").is_file())
@@ -58,10 +81,13 @@ def model_dirs(repo: Path) -> list[Path]:
         raise RepositoryError(f"model repository {repo} holds no model (no <model>/config.pbtxt)")
     for model in models:
         try:
-            parse_model_config((model / "config.pbtxt").read_text())
+            config = parse_model_config((model / "config.pbtxt").read_text())
         except Exception as error:  # text_format.ParseError names line and field
             raise RepositoryError(f"{model / 'config.pbtxt'}: {error}") from error
-        if not any((version / MODEL_FILENAME).is_file() for version in model.iterdir() if version.name.isdigit()):
+        versions = [version for version in model.iterdir() if version.name.isdigit() and version.is_dir()]
+        if served_as(config) != "onnx" and not versions:
+            raise RepositoryError(f"model {model.name}: no version directory (e.g. 1/) under {model}")
+        if served_as(config) == "onnx" and not any((version / MODEL_FILENAME).is_file() for version in versions):
             raise RepositoryError(f"model {model.name}: no <version>/{MODEL_FILENAME} under {model}")
     return models
 
@@ -78,7 +104,8 @@ def prepare_local_repo(repo: Path, target: Path, gpu: bool | None = None) -> Pat
     for model in models:
         out = target / model.name
         out.mkdir(parents=True)
-        config = to_python_backend(parse_model_config((model / "config.pbtxt").read_text()), gpu)
+        original = parse_model_config((model / "config.pbtxt").read_text())
+        kind, config = served_as(original), to_python_backend(original, gpu)
         config.name = model.name
         (out / "config.pbtxt").write_text(to_text(config))
         for entry in model.iterdir():
@@ -87,8 +114,10 @@ def prepare_local_repo(repo: Path, target: Path, gpu: bool | None = None) -> Pat
             if entry.is_dir() and entry.name.isdigit():
                 version = out / entry.name
                 version.mkdir()
-                (version / MODEL_FILENAME).symlink_to((entry / MODEL_FILENAME).resolve())
-                shutil.copy(PYTHON_MODEL, version / "model.py")
+                if kind == "onnx":
+                    (version / MODEL_FILENAME).symlink_to((entry / MODEL_FILENAME).resolve())
+                if kind != "ensemble":
+                    shutil.copy(PYTHON_MODEL if kind == "onnx" else PIPELINE_MODEL, version / "model.py")
             else:
                 (out / entry.name).symlink_to(entry.resolve())
     return target
@@ -104,4 +133,22 @@ def write_model_repo(serving: ServingConfig, source: Path, target: Path) -> Path
     for extra in source.iterdir():
         if extra.is_file() and extra.name != "config.pbtxt":
             (model_dir / extra.name).symlink_to(extra.resolve())
+    return target
+
+
+def write_pipeline_repo(pipeline: PipelineConfig, source: Path, target: Path) -> Path:
+    """A repository at `target` serving the exported image classifier in `source` behind its pipeline: callers send
+    image bytes to the ensemble `pipeline.name`, which runs the stages around the model (its files linked, as
+    `write_model_repo` does). Every config is the renderer's (build_pipeline_configs)."""
+    configs = build_pipeline_configs(pipeline)
+    write_model_repo(pipeline.model, source, target)
+    labels = source / str(pipeline.stage_settings("post")["labelsFile"])
+    for name, config in configs.items():
+        member = target / name
+        if name == pipeline.model.name:
+            continue
+        (member / "1").mkdir(parents=True)
+        (member / "config.pbtxt").write_text(to_text(config))
+        if name == pipeline.members["post"]:
+            (member / labels.name).symlink_to(labels.resolve())
     return target
