@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from inferop_core.processing import Processing
+
 T = TypeVar("T")
 
 # A policy/value net small enough to export in a couple of seconds.
@@ -185,3 +187,9 @@ def png_declaring(width: int, height: int) -> bytes:
     return (
         b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
     )
+
+
+# What Inception declares: torchvision's ImageNet preprocessing (inferop_export.networks.inception_v3.PROCESSING).
+IMAGENET = Processing(
+    kind="imageClassification", resize_ratio=342 / 299, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]
+)

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from inferop_core.processing import Processing
 from inferop_core.tritonconfig import (
     ENSEMBLE_PLATFORM,
     PIPELINE_BACKEND,
@@ -20,10 +19,7 @@ from inferop_core.tritonconfig import (
     parse_model_config,
     to_text,
 )
-
-IMAGENET = Processing(
-    kind="imageClassification", resize_ratio=342 / 299, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]
-)
+from tests.helpers import IMAGENET
 
 
 def classifier(**changes: Any) -> ServingConfig:

@@ -28,12 +28,8 @@ from inferop.client import (
 )
 from inferop_core.processing import Processing
 from inferop_core.tritonconfig import ServingConfig, TensorSpec, build_model_config, random_weights
-from tests.helpers import TINY_BOARD
+from tests.helpers import IMAGENET, TINY_BOARD
 
-# What Inception declares: torchvision's ImageNet preprocessing.
-IMAGENET = Processing(
-    kind="imageClassification", resize_ratio=342 / 299, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]
-)
 IMAGENET_MEAN = np.array(IMAGENET.mean, dtype=np.float32)
 IMAGENET_STD = np.array(IMAGENET.std, dtype=np.float32)
 
