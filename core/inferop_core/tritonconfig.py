@@ -207,16 +207,8 @@ def build_model_config(cfg: ServingConfig) -> mc.ModelConfig:
     if cfg.take_turns:
         group.rate_limiter.resources.add(name=EXECUTION_RESOURCE, count=1)
 
-    batching = config.dynamic_batching
-    batching.max_queue_delay_microseconds = cfg.max_queue_delay_microseconds
-    # Unset fields leave Triton's defaults: an unbounded queue whose requests wait forever.
-    if cfg.request_timeout_microseconds is not None:
-        policy = batching.default_queue_policy
-        policy.timeout_action = mc.ModelQueuePolicy.REJECT
-        policy.default_timeout_microseconds = cfg.request_timeout_microseconds
-        policy.allow_timeout_override = True
-    if cfg.max_queue_size is not None:
-        batching.default_queue_policy.max_queue_size = cfg.max_queue_size
+    config.dynamic_batching.max_queue_delay_microseconds = cfg.max_queue_delay_microseconds
+    _queue_policy(config, cfg)
 
     # The ONNX Runtime backend's own parameter names; our local python-backend model reads the same ones.
     # An unset count is left out, so the backend picks ONNX Runtime's default.
@@ -390,7 +382,8 @@ def build_pipeline_configs(cfg: PipelineConfig) -> dict[str, mc.ModelConfig]:
 
 
 def _queue_policy(config: mc.ModelConfig, model: ServingConfig) -> None:
-    """The model's queue bound and timeout for a stage too: no stage of the pipeline waits without end."""
+    """The model's queue bound and timeout, for the model and for each stage of its pipeline. Unset fields leave
+    Triton's defaults: an unbounded queue whose requests wait forever."""
     policy = config.dynamic_batching.default_queue_policy
     if model.request_timeout_microseconds is not None:
         policy.timeout_action = mc.ModelQueuePolicy.REJECT
