@@ -193,3 +193,19 @@ def png_declaring(width: int, height: int) -> bytes:
 IMAGENET = Processing(
     kind="imageClassification", resize_ratio=342 / 299, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]
 )
+
+
+# The served pipeline's (tests/runtime/conftest.py served_pipeline) limit on an image's bytes.
+PIPELINE_MAX_IMAGE_BYTES = 2 * 2**20
+
+
+def pipeline_in_process(served: dict[str, Any], data: bytes) -> tuple[list[str], Any]:
+    """Decode, the model in ONNX Runtime, top-k: what a caller that decodes on its side gets from the model that
+    `served` (the served_pipeline fixture) serves behind its pipeline."""
+    from inferop.serving.pipeline import top_k
+    from inferop_export.pipeline import pixels
+
+    config = served["config"]
+    (logits,) = served["session"].run(None, {config.model.inputs[0].name: pixels(config, data)[None]})
+    order, probabilities = top_k(logits, config.top_k)
+    return [served["labels"][i] for i in order[0]], probabilities[0]

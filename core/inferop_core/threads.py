@@ -55,7 +55,7 @@ class ThreadPlan:
         pools = f"({self.intra_op} intra-op + {self.inter_op} inter-op - 1)"
         return (
             f"{executing or f'{self.instances} instance(s)'} x {pools} "
-            f"= {self.threads} threads on {_cpus(self.cpus)} CPU(s)"
+            f"= {self.threads} threads on {format_cpus(self.cpus)} CPU(s)"
         )
 
 
@@ -129,5 +129,5 @@ def local_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _cpus(value: float) -> str:
+def format_cpus(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"

@@ -11,6 +11,7 @@ import json
 import math
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Literal
@@ -265,6 +266,40 @@ PROBABILITIES_OUTPUT = "PROBABILITIES"
 PIPELINE_STAGES = ("pre", "post")
 
 
+# What a pipeline refuses unless its spec says otherwise; inferop/serving/pipeline.py, which cannot import this module
+# in Triton's python stub, holds the same numbers (tests/runtime/test_pipeline.py checks that they agree).
+DEFAULT_TOP_K = 5
+DEFAULT_MAX_IMAGE_BYTES = 16 * 2**20
+DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
+
+
+def check_image_classifier(
+    name: str,
+    processing: Processing | None,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    top_k: int,
+) -> None:
+    """Raise ValueError naming what is missing where a model cannot sit behind an image pipeline: its declared
+    preprocessing (processing kind imageClassification), one input of 3 x N x N, and a first output of one score a
+    class with its labels, at least `top_k` of them."""
+    if processing is None or processing.kind != "imageClassification":
+        kind = "none" if processing is None else processing.kind
+        raise ValueError(f"model {name!r}: an image pipeline needs processing kind imageClassification ({kind})")
+    image = inputs[0]
+    if len(inputs) != 1 or len(image.dims) != 3 or image.dims[0] != 3 or image.dims[1] != image.dims[2]:
+        shapes = [(t.name, list(t.dims)) for t in inputs]
+        raise ValueError(f"model {name!r}: an image pipeline needs one input of 3 x N x N, not {shapes}")
+    scores = outputs[0]
+    if scores.label_filename is None or len(scores.dims) != 1 or scores.dynamic:
+        raise ValueError(
+            f"model {name!r}: an image pipeline needs a first output of one score a class, with labels "
+            f"({scores.name} {list(scores.dims)}, labels {scores.label_filename})"
+        )
+    if top_k > scores.dims[0]:
+        raise ValueError(f"topK {top_k}: the model has {scores.dims[0]} classes")
+
+
 class PipelineConfig(BaseModel):
     """What an image pipeline's configs are made of: the model's own (`model`, named `<name>_model`) and the stages'
     settings. The preprocessing is the model's declared processing, never restated."""
@@ -273,33 +308,16 @@ class PipelineConfig(BaseModel):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="the ensemble's: what callers use")
     model: ServingConfig
-    top_k: int = Field(default=5, ge=1)
-    max_image_bytes: int = Field(ge=1)
-    max_image_pixels: int = Field(ge=1)
+    top_k: int = Field(default=DEFAULT_TOP_K, ge=1)
+    max_image_bytes: int = Field(default=DEFAULT_MAX_IMAGE_BYTES, ge=1)
+    max_image_pixels: int = Field(default=DEFAULT_MAX_IMAGE_PIXELS, ge=1)
     pre_instances: int = Field(default=1, ge=1, le=256)
     post_instances: int = Field(default=1, ge=1, le=256)
 
     @model_validator(mode="after")
     def _an_image_classifier(self) -> PipelineConfig:
         model = self.model
-        processing = model.processing
-        if processing is None or processing.kind != "imageClassification":
-            kind = "none" if processing is None else processing.kind
-            raise ValueError(
-                f"model {model.name!r}: an image pipeline needs processing kind imageClassification ({kind})"
-            )
-        image = model.inputs[0]
-        if len(model.inputs) != 1 or len(image.dims) != 3 or image.dims[0] != 3 or image.dims[1] != image.dims[2]:
-            shapes = [(t.name, list(t.dims)) for t in model.inputs]
-            raise ValueError(f"model {model.name!r}: an image pipeline needs one input of 3 x N x N, not {shapes}")
-        scores = model.outputs[0]
-        if scores.label_filename is None or len(scores.dims) != 1 or scores.dynamic:
-            raise ValueError(
-                f"model {model.name!r}: an image pipeline needs a first output of one score a class, with labels "
-                f"({scores.name} {list(scores.dims)}, labels {scores.label_filename})"
-            )
-        if self.top_k > scores.dims[0]:
-            raise ValueError(f"topK {self.top_k}: the model has {scores.dims[0]} classes")
+        check_image_classifier(model.name, model.processing, model.inputs, model.outputs, self.top_k)
         if model.name != member_name(self.name, "model"):
             raise ValueError(f"the model of pipeline {self.name!r} is named {member_name(self.name, 'model')!r}")
         return self

@@ -21,8 +21,9 @@ from inferop_core.errors import InferopError
 from inferop_core.processing import Processing
 from inferop_core.storagecli import add_endpoint_arguments, endpoint_from
 from inferop_export.data import FORMS
+from inferop_export.pipeline import PIPELINES
 from inferop_export.precision import GATE_BATCH, GATE_KEYS, PRECISIONS
-from inferop_operator.spec import Batching, Serving, Threads, Timeouts
+from inferop_operator.spec import Batching, Pipeline, Serving, SpecError, Threads, Timeouts
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,20 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         help="samples int8's gate runs through fp32 and int8 at once; the memory an int8 export needs grows with it, "
         f"and the noise measure of the fallback asks for no more at a time (default {GATE_BATCH})",
     )
+    parser.add_argument(
+        "--pipeline",
+        choices=PIPELINES,
+        help="serve an image classifier behind its pipeline (spec.pipeline): callers send the ensemble NAME the bytes "
+        "of a JPEG or PNG and read the top labels; the model is written as NAME_model beside the stages NAME_pre and "
+        "NAME_post, the stages' cost measured here, and photographs are sent through all of it on tritonserver",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        metavar="K",
+        help=f"with --pipeline: labels, with their probabilities, in each answer (spec.pipeline.topK; default "
+        f"{Pipeline.model_fields['top_k'].default})",
+    )
     parser.add_argument("--manifest", type=Path, help="also write a ready-to-apply InferenceService to this file")
     parser.add_argument(
         "--storage-uri",
@@ -232,6 +247,22 @@ def build_source(args: argparse.Namespace) -> Any:
     return dataclasses.replace(source, labels=labels, processing=processing)
 
 
+def pipeline_settings(args: argparse.Namespace) -> Pipeline | None:
+    """spec.pipeline from --pipeline and --top-k, checked as the spec checks it."""
+    from pydantic import ValidationError
+
+    from inferop_operator.spec import format_errors
+
+    if args.pipeline is None:
+        if args.top_k is not None:
+            raise InferopError("--top-k is for --pipeline image")
+        return None
+    try:
+        return Pipeline.model_validate({"input": args.pipeline, **({} if args.top_k is None else {"topK": args.top_k})})
+    except ValidationError as error:
+        raise SpecError(f"--top-k {args.top_k}: {format_errors(error).replace('spec.', 'spec.pipeline.')}") from None
+
+
 def parse_processing(text: str | None) -> Processing | None:
     """`--processing` as the spec's model.processing (camelCase JSON), an error naming the flag otherwise."""
     from pydantic import ValidationError
@@ -275,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         storage = object_storage(args)
         serving = parse_serving(serving_settings(args))
+        pipeline = pipeline_settings(args)
         report = export_model(
             build_source(args),
             args.repo,
@@ -289,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
             fallback=args.fallback,
             gate_batch=args.gate_batch,
             started=started,
+            pipeline=pipeline,
         )
     except VerificationError as error:
         print(f"verification failed: {error}", file=sys.stderr)
@@ -398,5 +431,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"  config: {report['configPath']}",
         f"  {report['cost']['summary']}",
     ]
+    if report["pipeline"]:
+        lines.append(f"  pipeline: {report['pipeline']}")
     lines += [f"  note: {note}" for note in report["notes"]]
     return "\n".join(lines)

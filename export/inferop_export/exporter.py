@@ -36,6 +36,7 @@ from inferop_core.tritonconfig import (
     MODEL_FILENAME,
     VALIDATION_FILENAME,
     ServingConfig,
+    member_name,
     render_model_config,
 )
 from inferop_export.data import SampleSet
@@ -66,6 +67,7 @@ from inferop_operator.spec import (
     InferenceServiceSpec,
     Model,
     ObjectStorage,
+    Pipeline,
     Profile,
     Serving,
     Tensor,
@@ -129,6 +131,7 @@ class ExportReport:
     speed_verdict: str | None = None
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    pipeline: str | None = None  # with a pipeline: how the served ensemble was proved
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -150,6 +153,7 @@ class ExportReport:
             "notes": self.notes,
             "seconds": self.seconds,
             "cost": self.cost.as_dict(),
+            "pipeline": self.pipeline,
         }
 
 
@@ -193,6 +197,7 @@ def export_model(
     fallback: bool = True,
     gate_batch: int = GATE_BATCH,
     started: float | None = None,
+    pipeline: Pipeline | None = None,
 ) -> ExportReport:
     """Export, verify and write the Triton model directory; raise VerificationError if a check fails.
 
@@ -205,19 +210,23 @@ def export_model(
     (`inferop_export.memory`) and refused where this process cannot have it. The model directory is made in a
     temporary directory and moved into `repo` whole at the end: a failed or killed export leaves the repository
     as it was. `started`: the `time.perf_counter()` at which the work began, for the report's time (the command
-    counts building the source); by default, now."""
+    counts building the source); by default, now. With a `pipeline`, the model is written as `<name>_model` beside
+    its stages and the ensemble `<name>` (`inferop_export.pipeline`), all proved together before any is installed."""
     started = time.perf_counter() if started is None else started
     check_precision(precision, source.gate, source.name, data)
+    if pipeline is not None:
+        check_wraps(source)
     if gpu_memory is not None:
         parse_quantity(gpu_memory, "--gpu-memory (gpu.memory)")  # before anything is written
     if gate_batch < 1:
         raise PrecisionError(f"--gate-batch {gate_batch}: must be at least 1")
     serving = serving or Serving()
-    model_dir = repo / source.name
+    directory = source.name if pipeline is None else member_name(source.name, "model")
+    model_dir = repo / directory
     reduced = precision != "fp32"
-    progress = Progress(total=8 if reduced else 6, quiet=quiet)
+    progress = Progress(total=(8 if reduced else 6) + (2 if pipeline else 0), quiet=quiet)
     with tempfile.TemporaryDirectory(prefix="inferop-export-") as work:
-        staged = Path(work) / source.name
+        staged = Path(work) / "repo" / directory
         model_path = staged / "1" / MODEL_FILENAME
         model_path.parent.mkdir(parents=True)
         # A reduced precision starts from fp32 beside the model directory: it is served only if it passes.
@@ -331,14 +340,35 @@ def export_model(
                 ),
                 "resources": {"limits": {"cpu": local_cpus(), **({GPU_RESOURCE: 1} if gpu_memory else {})}},
                 **({"gpu": {"memory": gpu_memory}} if gpu_memory else {}),
+                **({"pipeline": pipeline.model_dump(by_alias=True, exclude_none=True)} if pipeline else {}),
             }
         )
         plan = plan_service(spec)  # the operator's checks too: an export that oversubscribes is refused
+        proved = None
+        if plan.pipeline is not None:
+            from inferop_export import pipeline as image_pipeline
+
+            with progress.step("pipeline: the stages' rate (decode, preprocess, top-k; one thread)"):
+                rate = image_pipeline.measure_stage_rate(plan.pipeline, image_pipeline.typical_images())
+                progress.say(f"{rate:.1f} images per CPU-second")
+            assert spec.pipeline is not None
+            measured = spec.pipeline.model_copy(update={"images_per_cpu_second": rate})
+            spec = spec.model_copy(update={"pipeline": measured})
+            plan = plan_service(spec)
         with progress.step("config.pbtxt"):
-            (staged / "config.pbtxt").write_text(render_model_config(plan.serving))
+            served = plan.serving if plan.pipeline is None else plan.pipeline.model
+            (staged / "config.pbtxt").write_text(render_model_config(served))
             if source.labels:
                 (staged / LABELS_FILENAME).write_text("\n".join(source.labels) + "\n")
-            install(staged, model_dir)
+        if plan.pipeline is not None:
+            assert source.labels is not None
+            members = image_pipeline.write_members(plan.pipeline, staged.parent, staged / LABELS_FILENAME)
+            with progress.step(f"pipeline: photographs through {plan.pipeline.name} on tritonserver"):
+                check = image_pipeline.check_pipeline(plan.pipeline, staged.parent, staged, source.labels)
+                proved = check.describe(plan.pipeline)
+            for name, member in members.items():
+                install(member, repo / name)
+        install(staged, model_dir)
 
     return ExportReport(
         model=source.name,
@@ -359,7 +389,21 @@ def export_model(
         notes=notes,
         seconds=progress.seconds,
         cost=Cost(round(time.perf_counter() - started, 3), peak_resident_bytes(), memory.bound_bytes),
+        pipeline=proved,
     )
+
+
+def check_wraps(source: Source) -> None:
+    """Before any work: a pipeline wraps an image classifier whose preprocessing and classes are declared (the
+    spec checks its tensors once they are known)."""
+    processing = source.processing
+    if processing is None or processing.kind != "imageClassification" or not source.labels:
+        missing = (
+            "its preprocessing (--processing with kind imageClassification)"
+            if processing is None or processing.kind != "imageClassification"
+            else "its class names (--labels)"
+        )
+        raise SourceError(f"{source.name}: --pipeline image needs an image classifier with {missing}")
 
 
 def record_validation(validation: Samples, signature: Signature, model_dir: Path) -> ValidationSet | None:

@@ -23,8 +23,9 @@ from inferop_core.memory import (
     instance_device_bytes,
 )
 from inferop_core.quantity import format_bytes, parse_quantity
+from inferop_core.stages import StagePlan, check_stages, plan_stages
 from inferop_core.threads import OversubscribedError, ThreadPlan, check_budget, plan_threads
-from inferop_core.tritonconfig import ServingConfig
+from inferop_core.tritonconfig import PipelineConfig, ServingConfig
 from inferop_operator.identity import ROUTE_API
 from inferop_operator.spec import GatewayRef, InferenceServiceSpec
 
@@ -101,6 +102,8 @@ class Plan:
     queue: QueueBound
     memory: MemoryFit
     warnings: list[str] = field(default_factory=list)
+    stages: StagePlan | None = None  # with a pipeline: the CPUs and instances of its stages
+    pipeline: PipelineConfig | None = None  # with a pipeline: its members' source, the model's config in it
 
 
 def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_RUNTIME) -> Plan:
@@ -110,11 +113,15 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
     the spec's runtime.memoryOverhead replaces its baseline.
     """
     warnings: list[str] = []
-    cpus, cpu_source = cpu_budget(spec)
+    _, cpu_source = cpu_budget(spec)
     if cpu_source == "assumed":
         warnings.append("no CPU limit or request set: the thread budget assumes 1 CPU; set resources.limits.cpu")
+    stages = stage_plan(spec)
+    cpus = model_cpus(spec)
     threads = plan_threads(cpus, spec.instances, spec.threads.intra_op, spec.threads.inter_op)
     try:
+        if stages is not None:
+            check_stages(stages, spec.threads.allow_oversubscription)
         check_budget(threads, spec.threads.allow_oversubscription)
     except OversubscribedError as error:
         assumed = " (1 CPU assumed: no CPU limit or request is set)" if cpu_source == "assumed" else ""
@@ -174,8 +181,23 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
             "the digest inferop export records, so that a changed or half-written object is refused"
         )
 
+    if stages is not None and stages.share is None:
+        warnings.append(f"pipeline: {stages.explain()}; re-export with --pipeline image to measure it")
+    if stages is not None and stages.oversubscribed:
+        warnings.append(f"oversubscription allowed by threads.allowOversubscription: {stages.explain()}")
+
     serving = spec.serving_config(threads, queue.size, gpu_memory_limit(spec, threads.instances, memory, costs))
-    return Plan(serving=serving, threads=threads, cpu_source=cpu_source, queue=queue, memory=memory, warnings=warnings)
+    pipeline = spec.pipeline_config(serving, stages.pre_instances) if stages is not None else None
+    return Plan(
+        serving=serving,
+        threads=threads,
+        cpu_source=cpu_source,
+        queue=queue,
+        memory=memory,
+        warnings=warnings,
+        stages=stages,
+        pipeline=pipeline,
+    )
 
 
 def check_routing(spec: InferenceServiceSpec, gateway: GatewayRef | None, served: bool) -> None:
@@ -221,6 +243,24 @@ def cpu_budget(spec: InferenceServiceSpec) -> tuple[float, str]:
     return 1.0, "assumed"
 
 
+def stage_plan(spec: InferenceServiceSpec) -> StagePlan | None:
+    """With a pipeline: the CPUs its stages take and their decoding instances (inferop_core.stages)."""
+    if spec.pipeline is None:
+        return None
+    return plan_stages(
+        cpu_budget(spec)[0],
+        spec.model.profile.samples_per_cpu_second,
+        spec.pipeline.images_per_cpu_second,
+        spec.pipeline.pre_instances,
+    )
+
+
+def model_cpus(spec: InferenceServiceSpec) -> float:
+    """The CPUs the model's threads are planned on: the pod's, less those a pipeline's stages take."""
+    stages = stage_plan(spec)
+    return cpu_budget(spec)[0] if stages is None else stages.model_cpus
+
+
 def queue_bound(spec: InferenceServiceSpec, threads: ThreadPlan) -> QueueBound:
     """batching.maxQueueSize, else derived from the measured capacity and the request timeout."""
     return derive_queue_bound(
@@ -244,8 +284,7 @@ def runtime_costs(spec: InferenceServiceSpec, runtime: RuntimeCosts) -> RuntimeC
 
 def estimate_peak(spec: InferenceServiceSpec, costs: RuntimeCosts) -> MemoryEstimate:
     """The pod's peak with its queue full, for `spec` as it stands (threads and queue bound re-derived)."""
-    cpus, _ = cpu_budget(spec)
-    threads = plan_threads(cpus, spec.instances, spec.threads.intra_op, spec.threads.inter_op)
+    threads = plan_threads(model_cpus(spec), spec.instances, spec.threads.intra_op, spec.threads.inter_op)
     shape = ServingShape(threads.instances, spec.batching.samples_per_batch, queue_bound(spec, threads).size)
     return estimate_memory(model_costs(spec), shape, costs)
 
@@ -287,9 +326,7 @@ def memory_fit(spec: InferenceServiceSpec, costs: RuntimeCosts) -> MemoryFit:
         return (needed_limit_bytes(peak) if margin else peak) <= available
 
     max_batch = next((b for b in range(spec.batching.max_batch_size - 1, 0, -1) if fits(max_batch_size=b)), None)
-    instances = plan_threads(
-        cpu_budget(spec)[0], spec.instances, spec.threads.intra_op, spec.threads.inter_op
-    ).instances
+    instances = plan_threads(model_cpus(spec), spec.instances, spec.threads.intra_op, spec.threads.inter_op).instances
     max_instances = next((n for n in range(instances - 1, 0, -1) if fits(instances=n)), None)
     return MemoryFit(estimate, available, against, max_batch, max_instances, margin)
 

@@ -185,6 +185,7 @@ def arithmetic(plan: Plan, spec: InferenceServiceSpec) -> dict[str, Any]:
     estimate = plan.memory.estimate
     return {
         "threads": plan.threads.explain(),
+        **({"pipeline": pipeline_line(plan)} if plan.stages is not None else {}),
         "queue": plan.queue.explain(spec.timeouts.request_seconds),
         "memory": {
             "runtimeBytes": estimate.baseline,
@@ -208,9 +209,22 @@ def as_text(verdict: Verdict) -> str:
         lines.append(f"  {found.type:<13} {found.status:<7} {found.reason}: {found.message}")
     if verdict.plan is not None and verdict.spec is not None:
         plan = verdict.plan
+        if plan.stages is not None:
+            lines.append(f"  pipeline      {pipeline_line(plan)}")
         lines.append(f"  queue         {plan.queue.explain(verdict.spec.timeouts.request_seconds)}")
         lines.extend(f"  warning       {warning}" for warning in plan.warnings)
     if verdict.spec is not None and verdict.spec.rollout is not None:
         lines.append(f"  agreement     {design(verdict.spec).describe()}")
         lines.append("  not checked   the Gateway the rollout routes through (needs the cluster)")
     return "\n".join(lines)
+
+
+def pipeline_line(plan: Plan) -> str:
+    """The pipeline's members in the order callers' images go through them, with the stages' CPUs."""
+    assert plan.pipeline is not None and plan.stages is not None
+    members, pipeline = plan.pipeline.members, plan.pipeline
+    chain = (
+        f"{pipeline.name}: {members['pre']} x{pipeline.pre_instances} -> {members['model']} x{pipeline.model.instances}"
+        f" -> {members['post']} x{pipeline.post_instances}"
+    )
+    return f"{chain}; {plan.stages.explain()}"

@@ -22,13 +22,19 @@ from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
 from inferop_core.sequential import STATED_CONFIDENCE, AgreementTest, agreement_test
 from inferop_core.threads import ThreadPlan
 from inferop_core.tritonconfig import (
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    DEFAULT_TOP_K,
     DYNAMIC_DIM,
     MODEL_SHA256_PARAMETER,
     SHA256_PATTERN,
     TENSOR_NAME_PATTERN,
     Datatype,
+    PipelineConfig,
     ServingConfig,
     TensorSpec,
+    check_image_classifier,
+    member_name,
 )
 
 # Schemes whose model each pod fetches before Triton starts (inferop fetch, in an init container).
@@ -824,6 +830,59 @@ class Rollout(Section):
         return next((pause for pause in self.pauses if pause.at_weight == self.steps[step]), None)
 
 
+class Pipeline(Section):
+    """Callers send an image and read its top labels: the model's declared preprocessing before it and a top-k after
+    it, run in the same Triton (an ensemble named as the model, the model itself served as <name>_model)."""
+
+    input: Literal["image"] = Field(
+        default="image", description="What callers send: image (the bytes of a JPEG or PNG file, a BYTES tensor)."
+    )
+    top_k: int = Field(
+        default=DEFAULT_TOP_K, ge=1, le=1000, description="Labels, with their probabilities, in each answer."
+    )
+    max_image_bytes: Quantity = Field(
+        default=f"{DEFAULT_MAX_IMAGE_BYTES // 2**20}Mi",
+        description="Largest image accepted; a larger one is refused (400) before it is decoded.",
+    )
+    max_image_pixels: int = Field(
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        ge=1,
+        le=1_000_000_000,
+        description=(
+            "Most pixels (width x height) an image may declare; more is refused (400) from its header, before it is "
+            "decoded (a decompression bomb)."
+        ),
+    )
+    images_per_cpu_second: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Images the stages decode, preprocess and rank per CPU-second, as inferop export measured them on "
+            "photographs; the plan sizes the decoding instances and the CPUs they take from it."
+        ),
+    )
+    pre_instances: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description=(
+            "Decoding instances (each one thread). Unset: enough to decode at the rate the model answers, from "
+            "imagesPerCpuSecond (1 without it)."
+        ),
+    )
+
+    @field_validator("max_image_bytes")
+    @classmethod
+    def _bytes(cls, value: int | str) -> int | str:
+        if parse_quantity(value, "pipeline.maxImageBytes") < 1:
+            raise ValueError(f"{value!r} must be at least one byte")
+        return value
+
+    @property
+    def max_image_bytes_count(self) -> int:
+        return int(parse_quantity(self.max_image_bytes, "pipeline.maxImageBytes"))
+
+
 class Serving(Section):
     """How one model is served in one pod: the settings `inferop export` writes into config.pbtxt and its
     manifest, and the operator into the pod's config. Their defaults live here and nowhere else."""
@@ -868,6 +927,11 @@ class InferenceServiceSpec(Serving):
         description="Roll a changed model or serving config out gradually, analysed at each step; unset: a change "
         "replaces the pods at once (a rolling update).",
     )
+    pipeline: Pipeline | None = Field(
+        default=None,
+        description="Serve an image classifier behind its pipeline: callers send JPEG or PNG bytes and read the top "
+        "labels; unset: callers send the model's tensors.",
+    )
 
     @property
     def uses_gpu(self) -> bool:
@@ -896,6 +960,30 @@ class InferenceServiceSpec(Serving):
             model_sha256=self.model.sha256,
             gpu_memory_limit_bytes=gpu_memory_limit_bytes,
         )
+
+    def pipeline_config(self, model: ServingConfig, pre_instances: int) -> PipelineConfig | None:
+        """The pipeline's configs' source, around the model's config as the plan made it (`model`, renamed
+        <name>_model), with the decoding instances the plan derived; None without a pipeline."""
+        if self.pipeline is None:
+            return None
+        return PipelineConfig(
+            name=self.model.name,
+            model=model.model_copy(update={"name": member_name(self.model.name, "model")}),
+            top_k=self.pipeline.top_k,
+            max_image_bytes=self.pipeline.max_image_bytes_count,
+            max_image_pixels=self.pipeline.max_image_pixels,
+            pre_instances=pre_instances,
+        )
+
+    @model_validator(mode="after")
+    def _pipeline(self) -> InferenceServiceSpec:
+        if self.pipeline is not None:
+            tensors = [t.as_tensor_spec() for t in self.model.inputs], [t.as_tensor_spec() for t in self.model.outputs]
+            try:
+                check_image_classifier(self.model.name, self.model.processing, *tensors, self.pipeline.top_k)
+            except ValueError as error:
+                raise ValueError(f"pipeline: {error}") from None
+        return self
 
     @model_validator(mode="after")
     def _agreement_rates(self) -> InferenceServiceSpec:

@@ -157,3 +157,25 @@ def test_each_serving_flag_takes_its_spec_field_s_own_unit() -> None:
     assert serving_settings(args) == {"timeouts": {"requestSeconds": 2.5}, "batching": {"maxQueueSize": 16}}
     help_text = parser._subparsers._group_actions[0].choices["conv_net"].format_help()  # type: ignore[union-attr]
     assert "(spec.timeouts.requestSeconds; default: 10)" in " ".join(help_text.split())
+
+
+class TestPipelineErrors:
+    @pytest.mark.parametrize(
+        ("args", "words"),
+        [
+            (
+                ["conv_net", "--pipeline", "image"],
+                "conv_net: --pipeline image needs an image classifier with its "
+                "preprocessing (--processing with kind imageClassification)",
+            ),
+            (["conv_net", "--top-k", "3"], "--top-k is for --pipeline image"),
+            (["inception_v3", "--pipeline", "image", "--top-k", "0"], "--top-k 0: spec.pipeline.topK: Input should be"),
+            (["inception_v3", "--pipeline", "audio"], "argument --pipeline: invalid choice: 'audio'"),
+        ],
+    )
+    def test_a_pipeline_it_cannot_build_exits_2_naming_the_flag(
+        self, tmp_path: Path, args: list[str], words: str
+    ) -> None:
+        result = inferop("export", *args, "--repo", tmp_path / "repo")
+        assert result.returncode == 2 and words in result.stderr, result.stderr
+        assert not (tmp_path / "repo").exists()

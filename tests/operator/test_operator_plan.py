@@ -16,7 +16,7 @@ from inferop_core.tritonconfig import parse_model_config, render_model_config
 from inferop_operator.plan import MEMORY_MARGIN, Plan, Refusal, memory_limit, plan_service
 from inferop_operator.settings import OperatorSettings
 from inferop_operator.spec import parse_spec
-from tests.specs import EXAMPLES
+from tests.specs import CLASSIFIER, EXAMPLES
 
 MI = 2**20
 BOARD_IO_BYTES = (1 * 8 * 7 + 7 + 1) * 4  # board in, policy and value out: FP32
@@ -725,3 +725,40 @@ class TestExamples:
         assert float(said.group(1)) == round(required / 2**30, 1)
         fixes = refusal(yaml.safe_load(text)["spec"]).message.split("Fix: ")[1]
         assert f"# The operator suggests: {fixes}\n" in text
+
+
+class TestPipeline:
+    """An image pipeline's stages take their CPUs out of the model's budget, and its configs come from the plan."""
+
+    @staticmethod
+    def pipeline_spec(cpus: str, **pipeline: Any) -> dict[str, Any]:
+        return raw_spec(
+            model={**CLASSIFIER, "profile": {**CLASSIFIER["profile"], "samplesPerCpuSecond": 100}},
+            resources={"limits": {"cpu": cpus}},
+            pipeline=pipeline,
+        )
+
+    def test_the_model_is_planned_on_the_cpus_the_stages_leave(self) -> None:
+        planned = plan(self.pipeline_spec("4", imagesPerCpuSecond=100))  # half of each image's work is decoding
+        assert planned.stages is not None and (planned.stages.stage_cpus, planned.stages.pre_instances) == (2, 2)
+        assert planned.threads.cpus == 2 and planned.threads.threads == 2
+        assert planned.queue.capacity == pytest.approx(200)  # the model's two CPUs answer for the pod
+        assert planned.pipeline is not None and planned.pipeline.pre_instances == 2
+        assert planned.pipeline.model.name == "inception_v3_model"
+        assert planned.pipeline.model.max_queue_size == planned.queue.size == planned.serving.max_queue_size
+
+    def test_cheap_decoding_leaves_the_model_every_cpu(self) -> None:
+        planned = plan(self.pipeline_spec("2", imagesPerCpuSecond=2000))
+        assert planned.stages is not None and planned.stages.stage_cpus == 0 and planned.threads.cpus == 2
+
+    def test_an_unknown_decoding_cost_is_a_warning(self) -> None:
+        planned = plan(self.pipeline_spec("2"))
+        assert any("imagesPerCpuSecond" in warning for warning in planned.warnings)
+
+    def test_too_many_decoding_instances_are_refused(self) -> None:
+        refused = refusal(self.pipeline_spec("2", imagesPerCpuSecond=2000, preInstances=4))
+        assert refused.condition == "ThreadBudget" and "lower pipeline.preInstances to 1" in refused.message
+
+    def test_without_a_pipeline_nothing_changes(self) -> None:
+        planned = plan(raw_spec(model=CLASSIFIER, resources={"limits": {"cpu": "4"}}))
+        assert (planned.stages, planned.pipeline, planned.threads.cpus) == (None, None, 4)

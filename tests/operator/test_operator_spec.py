@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 import yaml
 
+from inferop_core.threads import plan_threads
 from inferop_operator.identity import API_VERSION
 from inferop_operator.spec import InferenceServiceSpec, SpecError, parse_spec
-from tests.specs import EXAMPLES, MODEL, raw_spec
+from tests.specs import CLASSIFIER, EXAMPLES, MODEL, raw_spec
 
 
 def with_model(**fields: Any) -> dict[str, Any]:
@@ -331,3 +332,34 @@ class TestExamples:
     def test_invalid_examples_are_rejected(self, path: Path) -> None:
         with pytest.raises(SpecError, match=r"^spec\."):
             parse_spec(yaml.safe_load(path.read_text())["spec"])
+
+
+class TestPipeline:
+    def test_defaults_and_the_members_config(self) -> None:
+        spec = parse_spec(raw_spec(model=CLASSIFIER, pipeline={}))
+        assert spec.pipeline is not None
+        assert (spec.pipeline.top_k, spec.pipeline.max_image_bytes_count) == (5, 16 * 2**20)
+        model = spec.serving_config(plan_threads(2, None), 40)
+        pipeline = spec.pipeline_config(model, pre_instances=2)
+        assert pipeline is not None and pipeline.name == "inception_v3"
+        assert pipeline.model.name == "inception_v3_model" and pipeline.model.max_queue_size == 40
+        assert pipeline.pre_instances == 2 and pipeline.members["post"] == "inception_v3_post"
+        assert parse_spec(raw_spec(model=CLASSIFIER)).pipeline_config(model, 1) is None
+
+    @pytest.mark.parametrize(
+        ("model", "pipeline", "message"),
+        [
+            (MODEL, {}, "pipeline: model 'conv_net': an image pipeline needs processing kind imageClassification"),
+            ({**CLASSIFIER, "outputs": [{"name": "logits", "dims": [1000]}]}, {}, "with labels"),
+            ({**CLASSIFIER, "inputs": [{"name": "images", "dims": [3, 299, 224]}]}, {}, "one input of 3 x N x N"),
+            (CLASSIFIER, {"topK": 1001}, "spec.pipeline.topK: Input should be less than or equal to 1000"),
+            ({**CLASSIFIER, "outputs": [{"name": "logits", "dims": [3], "labelFilename": "l"}]}, {"topK": 5}, "topK 5"),
+            (CLASSIFIER, {"maxImageBytes": "0"}, "spec.pipeline.maxImageBytes: '0' must be at least one byte"),
+            (CLASSIFIER, {"maxImageBytes": "lots"}, "spec.pipeline.maxImageBytes"),
+            (CLASSIFIER, {"input": "audio"}, "spec.pipeline.input: Input should be 'image'"),
+            (CLASSIFIER, {"preInstances": 0}, "spec.pipeline.preInstances"),
+            (CLASSIFIER, {"imagesPerCpuSecond": 0}, "spec.pipeline.imagesPerCpuSecond"),
+        ],
+    )
+    def test_mistakes_name_the_field(self, model: dict[str, Any], pipeline: dict[str, Any], message: str) -> None:
+        assert message in spec_error(raw_spec(model=model, pipeline=pipeline))

@@ -139,3 +139,14 @@ class TestTopK:
         assert order.tolist() == [[1, 3, 2]]  # a tie in the classes' order
         expected = np.exp([3.0, 3.0, 2.0]) / np.exp([1.0, 3.0, 2.0, 3.0]).sum()
         np.testing.assert_allclose(probabilities[0], expected)
+
+
+def test_the_stage_refuses_by_the_spec_s_defaults() -> None:
+    """The stage runs in Triton's python stub without inferop_core, so it holds the spec's defaults again."""
+    from inferop.serving import pipeline
+    from inferop_core import tritonconfig
+
+    assert (pipeline.MAX_IMAGE_BYTES, pipeline.MAX_IMAGE_PIXELS) == (
+        tritonconfig.DEFAULT_MAX_IMAGE_BYTES,
+        tritonconfig.DEFAULT_MAX_IMAGE_PIXELS,
+    )
