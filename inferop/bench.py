@@ -6,29 +6,45 @@ caller sees (throughput, latency percentiles, requests a full queue rejected, er
 Triton's statistics.
 Closed-loop callers wait for answers and so never overload the server; `--rate` offers load open-loop
 instead (`inferop.openloop`): requests at a fixed or Poisson rate, whatever the server does with them.
+Requests carry generated tensors, or for an image pipeline the JPEG and PNG files of `--images DIR` as they are, in
+turn; either way the report gives the mean request body, so the bytes a request costs compare between the two.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import os
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferop.client import InferError, ModelInfo, TensorInfo, call, connect, describe, sample_inputs
+from inferop.client import (
+    InferError,
+    ModelInfo,
+    TensorInfo,
+    call,
+    connect,
+    describe,
+    encoded_images,
+    image_bytes,
+    sample_inputs,
+)
 from inferop.limits import describe_usage, parse_cpu_list, read_pod_usage
 from inferop.openloop import MAX_RATE, classify
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+Inputs = list[tuple[TensorInfo, np.ndarray]]  # one request's tensors
 
 
 @dataclass(frozen=True)
@@ -47,6 +63,7 @@ class LevelResult:
     mean_batch: float  # samples per model execution
     client_cpu_ms: float = 0.0  # this client's CPU per request: what it adds to a shared machine
     first_error: str | None = None
+    request_bytes: float = 0.0  # mean request body: the V2 header and the tensors (or the image files) it carries
 
 
 def percentiles(latencies: list[float]) -> tuple[float, float, float]:
@@ -86,28 +103,46 @@ def statistics_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str,
     }
 
 
-def sample_input(info: ModelInfo, batch: int, seed: int = 0) -> np.ndarray:
-    """The first input's generated values: what the open-loop generator, which sends one tensor, sends."""
-    return sample_inputs(info, batch, seed)[0][1]
+def bench_requests(info: ModelInfo, images: Sequence[Path], batch: int) -> list[Inputs]:
+    """What the callers send in turn: generated tensors, or for an image pipeline the bytes of the `images` files (read
+    once), `batch` a request, in the files' order and wrapping around until every file is in them equally often."""
+    from inferop_core.tritonconfig import IMAGE_INPUT
+
+    if not images:
+        if info.image_pipeline:
+            raise InferError(f"model {info.name!r} is an image pipeline: give it JPEG or PNG files with --images DIR")
+        return [sample_inputs(info, batch)]
+    if not info.image_pipeline:
+        raise InferError(
+            f"--images: model {info.name!r} is not an image pipeline (an ensemble taking encoded images as "
+            f"{IMAGE_INPUT}); it takes {[(t.name, t.datatype) for t in info.inputs]}: leave --images out for tensors"
+        )
+    files = [image_bytes(path) for path in images]
+    per_request = batch if info.batched else 1
+    cycle = [files[i % len(files)] for i in range(math.lcm(len(files), per_request))]
+    return [
+        [(info.inputs[0], encoded_images(info, cycle[start : start + per_request]))]
+        for start in range(0, len(cycle), per_request)
+    ]
 
 
-def run_level(
-    url: str,
-    info: ModelInfo,
-    data: list[tuple[TensorInfo, np.ndarray]],
-    concurrency: int,
-    seconds: float,
-    timeout: float,
+def run_level(url: str, info: ModelInfo, data: Inputs, concurrency: int, seconds: float, timeout: float) -> LevelResult:
+    """`run_requests` with one request, `data`, sent over and over."""
+    return run_requests(url, info, [data], concurrency, seconds, timeout)
+
+
+def run_requests(
+    url: str, info: ModelInfo, requests: Sequence[Inputs], concurrency: int, seconds: float, timeout: float
 ) -> LevelResult:
-    """`concurrency` callers, each with its own connection, sending `data` back to back until time is up.
+    """`concurrency` callers, each with its own connection, sending `requests` in turn back to back until time is up.
 
-    The callers share one event loop that posts one pre-encoded request (`Exchange`): a caller that costs
+    The callers share one event loop that posts pre-encoded requests (`Exchange`): a caller that costs
     little CPU per request is timed by the server's answers, not by its own wait for a CPU. Threads of
     tritonclient cost about five times as much each and queue for the interpreter's lock, which stretched the
     median and hid the dynamic batcher's 500 ms stalls that NVIDIA's perf_analyzer shows (issue 43's runs).
     """
-    samples = len(data[0][1]) if info.batched else 1
-    exchange = Exchange.for_model(url, info, data)
+    samples = len(requests[0][0][1]) if info.batched else 1
+    exchange = Exchange.for_model(url, info, requests)
     admin = connect(url, timeout)
     before = call(admin.get_inference_statistics, info.name, what="statistics")
     began_cpu = time.process_time()
@@ -135,6 +170,7 @@ def run_level(
         mean_batch=delta["mean_batch"],
         client_cpu_ms=cpu * 1e3 / answered if answered else 0.0,
         first_error=failures[0] if failures else None,
+        request_bytes=exchange.request_bytes,
     )
 
 
@@ -149,24 +185,30 @@ class Caller:
 
 @dataclass(frozen=True)
 class Exchange:
-    """One V2 inference request with binary tensors, encoded once as the bytes of an HTTP/1.1 POST, and the
-    least work that reads an answer: the status line, the length, the body (kept only when it is an error)."""
+    """V2 inference requests with binary tensors, each encoded once as the bytes of an HTTP/1.1 POST and sent in
+    turn, and the least work that reads an answer: the status line, the length, the body (kept only when it is an
+    error)."""
 
     host: str
     port: int
-    request: bytes
+    requests: tuple[bytes, ...]
+    request_bytes: float  # the mean body, without the HTTP head
 
     @classmethod
-    def for_model(cls, url: str, info: ModelInfo, data: list[tuple[TensorInfo, np.ndarray]]) -> Exchange:
+    def for_model(cls, url: str, info: ModelInfo, requests: Sequence[Inputs]) -> Exchange:
         from inferop.openloop import encode_request
 
         host, _, port = url.rpartition(":")
         if not host or not port.isdigit():
             raise InferError(f"--url {url!r}: expected host:port, like 127.0.0.1:8000")
-        body, headers = encode_request({tensor.name: array for tensor, array in data}, info.outputs)
-        head = [f"POST /v2/models/{info.name}/infer HTTP/1.1", f"Host: {url}", f"Content-Length: {len(body)}"]
-        head += [f"{name}: {value}" for name, value in headers.items()]
-        return cls(host, int(port), ("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        posts, sizes = [], []
+        for data in requests:
+            body, headers = encode_request({tensor.name: array for tensor, array in data}, info.outputs)
+            head = [f"POST /v2/models/{info.name}/infer HTTP/1.1", f"Host: {url}", f"Content-Length: {len(body)}"]
+            head += [f"{name}: {value}" for name, value in headers.items()]
+            posts.append(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+            sizes.append(len(body))
+        return cls(host, int(port), tuple(posts), sum(sizes) / len(sizes))
 
     async def closed_loop(self, concurrency: int, seconds: float, timeout: float) -> tuple[list[Caller], float]:
         """Every caller sends, waits for the answer and sends again until `seconds` have passed; returns what
@@ -174,11 +216,12 @@ class Exchange:
         loop = asyncio.get_running_loop()
         callers = [Caller() for _ in range(concurrency)]
         connections = [await self.connect(timeout) for _ in range(concurrency)]
+        turns = itertools.cycle(self.requests)  # shared: the callers take the next request in turn
         began = loop.time()
         stop_at = began + seconds
         await asyncio.gather(
             *(
-                self.call_until(stop_at, timeout, c, connection)
+                self.call_until(stop_at, timeout, c, connection, turns)
                 for c, connection in zip(callers, connections, strict=True)
             )
         )
@@ -196,6 +239,7 @@ class Exchange:
         timeout: float,
         caller: Caller,
         connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | OSError,
+        turns: Iterator[bytes],
     ) -> None:
         loop = asyncio.get_running_loop()
         while loop.time() < stop_at:
@@ -206,7 +250,7 @@ class Exchange:
             begin = time.perf_counter()
             try:
                 async with asyncio.timeout(timeout):
-                    writer.write(self.request)
+                    writer.write(next(turns))
                     status, body = await read_answer(reader)
             except (
                 OSError,
@@ -260,17 +304,24 @@ def served_queue_bound(url: str, model: str, timeout: float = 60.0) -> int | Non
 
 
 def sweep(
-    url: str, model: str, levels: list[int], seconds: float, batch: int, timeout: float = 60.0
+    url: str,
+    model: str,
+    levels: list[int],
+    seconds: float,
+    batch: int,
+    timeout: float = 60.0,
+    images: Sequence[Path] = (),
 ) -> list[LevelResult]:
     client = connect(url, timeout)
     info = describe(client, model)
     client.close()
-    data = sample_inputs(info, batch)
-    return [run_level(url, info, data, level, seconds, timeout) for level in levels]
+    requests = bench_requests(info, images, batch)
+    return [run_requests(url, info, requests, level, seconds, timeout) for level in levels]
 
 
 def format_table(model: str, batch: int, results: list[LevelResult]) -> str:
-    header = f"{model} (batch {batch} per request)\n" + (
+    body = f", request body {results[0].request_bytes:,.0f} bytes (mean)" if results else ""
+    header = f"{model} (batch {batch} per request{body})\n" + (
         f"{'conc':>5} {'samples/s':>10} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'rejected':>8} {'errors':>6} "
         f"{'queue ms':>9} {'compute ms':>10} {'batch':>6} {'client CPU ms':>13}"
     )
@@ -366,6 +417,22 @@ def _timeout(text: str) -> float:
     return timeout
 
 
+def _image_folder(text: str) -> list[Path]:
+    """The JPEG and PNG files of a folder, sorted: the formats the image pipeline decodes."""
+    from PIL import Image
+
+    from inferop.serving.pipeline import FORMATS
+
+    suffixes = sorted(suffix for suffix, name in Image.registered_extensions().items() if name in FORMATS)
+    folder = Path(text)
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: not a directory")
+    files = sorted(file for file in folder.iterdir() if file.is_file() and file.suffix.lower() in suffixes)
+    if not files:
+        raise argparse.ArgumentTypeError(f"{text}: holds no JPEG or PNG file ({', '.join(suffixes)})")
+    return files
+
+
 def _cpuset(text: str) -> set[int]:
     """A cpuset list like the kernel's: `0`, `0-1`, `0,2-3`."""
     try:
@@ -388,6 +455,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--seconds", type=_seconds, default=5.0, help="time per level, or the offered duration with --rate (default 5)"
     )
     parser.add_argument("--batch", type=int, default=1, help="samples per request (default 1)")
+    parser.add_argument(
+        "--images",
+        type=_image_folder,
+        metavar="DIR",
+        help="send the JPEG and PNG files of DIR as they are, in turn (image pipelines; default: generated tensors)",
+    )
     parser.add_argument(
         "--timeout", type=_timeout, default=60.0, help="client timeout per request, seconds (0: none, with --rate)"
     )
@@ -438,7 +511,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --concurrency {concurrency!r}: expected positive integers like 1,2,4,8", file=sys.stderr)
         return 2
     try:
-        results = sweep(args.url, args.model, levels, args.seconds, args.batch, args.timeout)
+        results = sweep(args.url, args.model, levels, args.seconds, args.batch, args.timeout, args.images or ())
     except InferError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -476,19 +549,19 @@ def run_offered_load(args: argparse.Namespace) -> int:
             info = describe(client, args.model)
         finally:
             client.close()
+        requests = bench_requests(info, args.images or (), args.batch)
     except InferError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     result = openloop.run_open_loop(
         args.url,
         info.name,
-        sample_input(info, args.batch),
+        [{tensor.name: array for tensor, array in data} for data in requests],
         args.rate,
         args.seconds,
         timeout=args.timeout or None,
         process=args.arrivals,
         memory_probe=probe,
-        input_name=info.input_name,
         outputs=info.outputs,
         client_cpus=args.client_cpuset,
     )

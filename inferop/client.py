@@ -3,16 +3,21 @@
 How inputs are made and outputs read is what the model's config declares (`inferop_core.processing`), never guessed
 from its name: image classifiers get their preprocessing and answer with the top labels; board models get a
 board (a file or random) and answer with the move distribution and the value; any other model takes each input
-from an .npy file or generated, and answers with every output's shape and values. Every answer says where the
-model's weights came from, read from its config: random weights answer too, and their answers mean nothing.
+from an .npy file or generated, and answers with every output's shape and values. An image pipeline (an ensemble
+whose input is the pipeline's IMAGE, inferop_core.tritonconfig.build_pipeline_configs) gets each image file's bytes as
+they are, decodes and preprocesses them on the server, and answers with its top labels. Every answer says where the
+model's weights came from, read from its config (an ensemble's from its members'): random weights answer too, and
+their answers mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,7 @@ TENSORS_CAVEAT = "the outputs show the pipeline working, nothing more"
 CAVEATS = {"imageClassification": LABELS_CAVEAT, "policyValue": BOARD_CAVEAT, "tensors": TENSORS_CAVEAT}
 # Outputs up to this many values per sample are printed whole; larger ones as a summary.
 PRINTED_VALUES = 16
+SAMPLE_PICTURE = "sample picture (drawn)"
 
 
 class InferError(InferopError, RuntimeError):
@@ -54,6 +60,7 @@ class ModelInfo:
     classes: int
     weights: str | None  # where the weights came from, as `inferop export` recorded it; None: not recorded
     processing: Processing  # as the config declares it; plain tensors if it does not
+    image_pipeline: bool  # an ensemble taking encoded images as IMAGE and answering LABELS and PROBABILITIES
 
     @property
     def input_name(self) -> str:
@@ -92,6 +99,8 @@ def wait_until_ready(client: Any, url: str, model: str, seconds: float) -> None:
 
 def describe(client: Any, model: str) -> ModelInfo:
     """Read the model's tensor contract from the server (metadata + config), translating errors."""
+    from inferop_core.tritonconfig import ENSEMBLE_PLATFORM, IMAGE_INPUT, LABELS_OUTPUT, PROBABILITIES_OUTPUT
+
     metadata = call(client.get_model_metadata, model, what=f"model {model!r}")
     config = call(client.get_model_config, model, what=f"model {model!r}")
     batched = bool(config.get("max_batch_size", 0))
@@ -105,15 +114,25 @@ def describe(client: Any, model: str) -> ModelInfo:
         processing = Processing.from_parameter(text)
     except ValueError as error:
         raise InferError(f"model {model!r}: its config's {PROCESSING_PARAMETER} is not understood ({error})") from None
+    outputs = [o["name"] for o in metadata["outputs"]]
+    ensemble = config.get("platform") == ENSEMBLE_PLATFORM
+    weights = recorded_weights(config)
+    if ensemble and weights is None:  # an ensemble has no weights of its own: its model member records them
+        steps = config.get("ensemble_scheduling", {}).get("step", [])
+        members = (call(client.get_model_config, s["model_name"], what=f"model {s['model_name']!r}") for s in steps)
+        weights = next(filter(None, map(recorded_weights, members)), None)
     return ModelInfo(
         name=model,
         inputs=inputs,
-        outputs=[o["name"] for o in metadata["outputs"]],
+        outputs=outputs,
         batched=batched,
         labelled_output=labelled["name"] if labelled else None,
         classes=int(labelled["dims"][0]) if labelled else 0,
-        weights=recorded_weights(config),
+        weights=weights,
         processing=processing,
+        image_pipeline=ensemble
+        and [(t.name, t.datatype) for t in inputs] == [(IMAGE_INPUT, "BYTES")]
+        and {LABELS_OUTPUT, PROBABILITIES_OUTPUT} <= set(outputs),
     )
 
 
@@ -222,7 +241,50 @@ def classify(
         probabilities = softmax(logits)
         order = np.argsort(-probabilities)[:top]
         top_labels = [{"label": labels[i], "probability": float(probabilities[i])} for i in order]
-        results.append({"image": str(path or "sample picture (drawn)"), "top": top_labels, "weights": info.weights})
+        results.append({"image": str(path or SAMPLE_PICTURE), "top": top_labels, "weights": info.weights})
+    return results
+
+
+def image_bytes(path: Path | None) -> bytes:
+    """The file's bytes as they are, for the image pipeline to decode; the drawn sample picture as a PNG when None."""
+    if path is None:
+        out = io.BytesIO()
+        sample_picture().save(out, "PNG")
+        return out.getvalue()
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise InferError(f"image {path}: {error}") from error
+
+
+def encoded_images(info: ModelInfo, images: Sequence[bytes]) -> np.ndarray:
+    """The image pipeline's input: each image's encoded bytes one BYTES element, along the batch axis if it has one."""
+    return np.array(list(images), dtype=np.object_).reshape(info.shape(info.inputs[0], len(images)))
+
+
+def classify_encoded(
+    client: Any, info: ModelInfo, images: list[Path | None], top: int, timeout_us: int | None
+) -> list[dict[str, Any]]:
+    """The image pipeline's top labels (at most its own topK) for each image, which the server decodes and
+    preprocesses: one request an image, so the 400 of a refused one (its message names the problem) names the file."""
+    import tritonclient.http as httpclient
+
+    from inferop_core.tritonconfig import LABELS_OUTPUT, PROBABILITIES_OUTPUT
+
+    wanted = [httpclient.InferRequestedOutput(name, binary_data=True) for name in (LABELS_OUTPUT, PROBABILITIES_OUTPUT)]
+    results = []
+    for path in images:
+        array = encoded_images(info, [image_bytes(path)])
+        request = httpclient.InferInput(info.input_name, list(array.shape), "BYTES")
+        request.set_data_from_numpy(array, binary_data=True)
+        name = str(path or SAMPLE_PICTURE)
+        response = call(client.infer, info.name, [request], outputs=wanted, timeout=timeout_us, what=f"image {name}")
+        labels = response.as_numpy(LABELS_OUTPUT).ravel()[:top]
+        probabilities = response.as_numpy(PROBABILITIES_OUTPUT).ravel()[:top]
+        top_labels = [
+            {"label": label.decode(), "probability": float(p)} for label, p in zip(labels, probabilities, strict=True)
+        ]
+        results.append({"image": name, "top": top_labels, "weights": info.weights})
     return results
 
 
@@ -327,8 +389,15 @@ def call_with_tensors(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP endpoint host:port")
     parser.add_argument("--model", required=True, help="model name")
+    parser.add_argument("images", nargs="*", type=Path, help="image files, as --image")
     parser.add_argument(
-        "images", nargs="*", type=Path, help="image files (image classifiers; default: a drawn picture)"
+        "--image",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="a JPEG or PNG file (image classifiers: preprocessed here; image pipelines: sent as it is, decoded by the "
+        "server; default: a drawn picture); repeat per file",
     )
     parser.add_argument(
         "--input",
@@ -339,7 +408,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--board", type=Path, help="board as .npy or text rows (board models; default random)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random board")
-    parser.add_argument("--top", type=int, default=5, help="labels to show per image (default 5)")
+    parser.add_argument(
+        "--top",
+        type=int,
+        default=5,
+        help="labels to show per image (default 5; an image pipeline has at most its topK)",
+    )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds before the client gives up")
     parser.add_argument(
         "--wait",
@@ -361,15 +435,18 @@ def run(args: argparse.Namespace) -> int:
             wait_until_ready(client, args.url, args.model, args.wait)
         info = describe(client, args.model)
         timeout_us = int(args.timeout * 1e6)  # also the server-side queue timeout for this request
-        kind = info.processing.kind
-        misplaced = {"images": bool(args.images) and kind != "imageClassification",
+        images = [*args.images, *args.image]
+        kind = "imageClassification" if info.image_pipeline else info.processing.kind
+        misplaced = {"--image": bool(images) and kind != "imageClassification",
                      "--board": args.board is not None and kind != "policyValue",
                      "--input": bool(args.input) and kind != "tensors"}  # fmt: skip
+        declared = "is an image pipeline" if info.image_pipeline else f"declares {kind} processing"
         for what, wrong in misplaced.items():
             if wrong:
-                raise InferError(f"model {args.model!r} declares {kind} processing: {what} does not apply to it")
+                raise InferError(f"model {args.model!r} {declared}: {what} does not apply to it")
         if kind == "imageClassification":
-            result: Any = classify(client, info, list(args.images) or [None], args.top, timeout_us)
+            labeller = classify_encoded if info.image_pipeline else classify
+            result: Any = labeller(client, info, images or [None], args.top, timeout_us)
         elif kind == "policyValue":
             result = play(client, info, load_board(args.board, info.input_dims, args.seed), timeout_us)
         else:

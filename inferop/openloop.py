@@ -6,7 +6,8 @@ loop, as independent users would send them, so a slow or full server shows what 
 rejections (503), queue timeouts, and callers without a timeout left waiting.
 
 The request body (V2 protocol with binary tensor data) is encoded once and posted as it is, so one core
-offers thousands of small requests per second, or tens of 1 MB images, and keeps thousands in flight.
+offers thousands of small requests per second, or tens of 1 MB images, and keeps thousands in flight. Several
+bodies (an image pipeline's files) are encoded once each and sent in turn.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import contextlib
 import math
 import os
 import resource
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -112,6 +113,7 @@ class OpenLoopResult:
     timeline: list[dict[str, Any]]  # per second of the run and its drain
     memory: list[tuple[float, int]]  # (seconds from the start, bytes) from the memory probe
     first_errors: dict[str, str]  # kind -> first message of that kind
+    request_bytes: float = 0.0  # mean request body of those sent in turn: the V2 header and the tensors
     started_at: float = 0.0  # time.monotonic() of arrival 0, to line outcomes up with other events
     outcomes: tuple[Outcome, ...] = ()  # every request, in order of arrival (not in as_dict: a drill picks)
 
@@ -154,6 +156,7 @@ def summarise(
     process: str,
     batch: int,
     timeout: float | None,
+    request_bytes: float = 0.0,
     started_at: float = 0.0,
 ) -> OpenLoopResult:
     """Counts, percentiles and the per-second timeline of one run's outcomes."""
@@ -205,6 +208,7 @@ def summarise(
         timeline=timeline,
         memory=memory,
         first_errors=first_errors,
+        request_bytes=request_bytes,
         started_at=started_at,
         outcomes=tuple(outcomes),
     )
@@ -265,8 +269,7 @@ def encode_request(inputs: Mapping[str, np.ndarray], outputs: list[str]) -> tupl
 
 async def _offer(
     endpoint: str,
-    body: bytes,
-    headers: dict[str, str],
+    requests: Sequence[tuple[bytes, dict[str, str]]],
     times: np.ndarray,
     timeout: float | None,
     seconds: float,
@@ -287,7 +290,7 @@ async def _offer(
         if message is not None:
             first_errors.setdefault(kind, message[:300])
 
-    async def send(session: aiohttp.ClientSession, scheduled: float) -> None:
+    async def send(session: aiohttp.ClientSession, scheduled: float, body: bytes, headers: dict[str, str]) -> None:
         late_s = loop.time() - start - scheduled
         try:
             async with session.post(endpoint, data=body, headers=headers, timeout=per_request) as response:
@@ -317,11 +320,11 @@ async def _offer(
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         start = loop.time() + LEAD_S
         sampler = loop.create_task(sample_memory(memory_probe)) if memory_probe else None
-        for scheduled in times.tolist():
+        for index, scheduled in enumerate(times.tolist()):
             delay = start + scheduled - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            task = loop.create_task(send(session, scheduled))
+            task = loop.create_task(send(session, scheduled, *requests[index % len(requests)]))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)
         # With a timeout every request ends by itself; `drain` is the grace after the last possible answer.
@@ -342,7 +345,7 @@ async def _offer(
 def run_open_loop(
     url: str,
     model: str,
-    data: np.ndarray | Mapping[str, np.ndarray],
+    data: np.ndarray | Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]],
     rate: float,
     seconds: float,
     *,
@@ -356,7 +359,7 @@ def run_open_loop(
     client_cpus: set[int] | None = None,
 ) -> OpenLoopResult:
     """Offer `rate` requests/s of `data` (one request's input, batch axis included; or every input by name, for
-    a model with several) for `seconds`.
+    a model with several; or several requests' inputs by name, sent in turn) for `seconds`.
 
     `timeout=None` is a caller that waits for ever: requests still waiting `drain` seconds after the last
     arrival are cancelled and counted `unfinished`. The input and output names are read from the server
@@ -366,7 +369,7 @@ def run_open_loop(
         raise ValueError(f"rate {rate}: expected more than 0 and at most {MAX_RATE:g} requests/s")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout {timeout}: expected a positive number of seconds, or None for no timeout")
-    named = isinstance(data, Mapping)
+    named = not isinstance(data, np.ndarray)
     if (input_name is None and not named) or outputs is None:
         from inferop.client import connect, describe
 
@@ -376,13 +379,16 @@ def run_open_loop(
         finally:
             client.close()
         input_name, outputs = input_name or info.input_name, outputs or info.outputs
-    inputs = dict(data) if isinstance(data, Mapping) else {str(input_name): data}
+    if isinstance(data, np.ndarray):
+        requests = [{str(input_name): data}]
+    else:
+        requests = [dict(data)] if isinstance(data, Mapping) else [dict(inputs) for inputs in data]
     times = arrival_times(rate, seconds, process, seed)
-    body, headers = encode_request(inputs, outputs)
+    encoded = [encode_request(inputs, outputs) for inputs in requests]
     endpoint = f"http://{url}/v2/models/{model}/infer"
     with generator_process(client_cpus):
         outcomes, memory, first_errors, started_at = asyncio.run(
-            _offer(endpoint, body, headers, times, timeout, seconds, drain, memory_probe)
+            _offer(endpoint, encoded, times, timeout, seconds, drain, memory_probe)
         )
     return summarise(
         outcomes,
@@ -392,8 +398,9 @@ def run_open_loop(
         rate=rate,
         seconds=seconds,
         process=process,
-        batch=len(next(iter(inputs.values()))),
+        batch=len(next(iter(requests[0].values()))),
         timeout=timeout,
+        request_bytes=sum(len(body) for body, _ in encoded) / len(encoded),
         started_at=started_at,
     )
 
@@ -407,6 +414,7 @@ def format_table(result: OpenLoopResult) -> str:
         f"{result.model}: open loop, {result.process} arrivals, batch {result.batch} per request, "
         f"client timeout {timeout}",
         f"  offered            {result.rate:g} req/s for {result.seconds:g} s ({result.sent} sent)",
+        f"  request body       {result.request_bytes:,.0f} bytes (mean)",
         f"  goodput            {result.goodput:.1f} samples/s ({result.ok} ok)",
         f"  rejected           {result.rejected} (queue full)",
         f"  timed out          {result.timed_out} (server queue timeout)",
