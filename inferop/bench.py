@@ -210,13 +210,17 @@ class Exchange:
             sizes.append(len(body))
         return cls(host, int(port), tuple(posts), sum(sizes) / len(sizes))
 
-    async def closed_loop(self, concurrency: int, seconds: float, timeout: float) -> tuple[list[Caller], float]:
+    async def closed_loop(
+        self, concurrency: int, seconds: float, timeout: float, turns: Iterator[bytes] | None = None
+    ) -> tuple[list[Caller], float]:
         """Every caller sends, waits for the answer and sends again until `seconds` have passed; returns what
-        each saw and the seconds from the first send to the last answer."""
+        each saw and the seconds from the first send to the last answer. `turns`: the requests in the order they are
+        sent, shared by the callers (by default `requests` over and over); a caller's own work before each request,
+        such as decoding the image it sends, is done where it yields the next."""
         loop = asyncio.get_running_loop()
         callers = [Caller() for _ in range(concurrency)]
         connections = [await self.connect(timeout) for _ in range(concurrency)]
-        turns = itertools.cycle(self.requests)  # shared: the callers take the next request in turn
+        turns = turns or itertools.cycle(self.requests)  # shared: the callers take the next request in turn
         began = loop.time()
         stop_at = began + seconds
         await asyncio.gather(

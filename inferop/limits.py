@@ -408,8 +408,7 @@ class PodCgroup:
                 _write(parent / "cpuset.mems", (roots[controller] / "cpuset.mems").read_text().strip())
             self.paths[controller] = self._make(parent)
         if self.limits.cpus is not None:
-            _write(self.paths["cpu"] / "cpu.cfs_period_us", str(CFS_PERIOD_US))
-            _write(self.paths["cpu"] / "cpu.cfs_quota_us", str(cfs_quota_us(self.limits.cpus)))
+            self.limit_cpu(self.limits.cpus)
         if self.limits.cpuset is not None:
             cpuset = self.paths["cpuset"]
             _write(cpuset / "cpuset.cpus", self.limits.cpuset)
@@ -425,7 +424,7 @@ class PodCgroup:
         pod = self._make(parent)
         self.paths = dict.fromkeys(needed, pod)
         if self.limits.cpus is not None:
-            _write(pod / "cpu.max", cpu_max_text(self.limits.cpus))
+            self.limit_cpu(self.limits.cpus)
         if self.limits.cpuset is not None:
             _write(pod / "cpuset.cpus", self.limits.cpuset)
         if self.limits.memory_bytes is not None:
@@ -440,6 +439,17 @@ class PodCgroup:
         except OSError as error:
             raise LimitsError(f"cannot create cgroup {path}: {error.strerror}") from None
         return path
+
+    def limit_cpu(self, cpus: float) -> None:
+        """Set the pod's CPU quota (cpus x the CFS period), also while it runs: a benchmark moves CPU between a server
+        and its callers without restarting either. Only for a pod created with a CPU limit."""
+        cpu = self._dir("cpu")
+        if self.version == 1:
+            _write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+            _write(cpu / "cpu.cfs_quota_us", str(cfs_quota_us(cpus)))
+        else:
+            _write(cpu / "cpu.max", cpu_max_text(cpus))
+        self.limits = replace(self.limits, cpus=cpus)
 
     def limit_memory(self, limit: int) -> None:
         """Set the pod's memory limit, swap included (a breach OOM-kills, as in a pod), also while it runs: a limit

@@ -129,3 +129,22 @@ def test_a_folder_that_cannot_be_read_is_refused_naming_it(
     code, _, err = export(capsys, tmp_path / "repo", *args)
     assert code == 2
     assert message in " ".join(err.split())
+
+
+@pytest.mark.integration
+def test_the_int8_model_that_passed_its_gate_is_served_behind_the_pipeline(
+    capsys: pytest.CaptureFixture[str], model: dict[str, Path], tmp_path: Path
+) -> None:
+    code, report, err = export(capsys, tmp_path, *int8_args(model), "--pipeline", "image", "--top-k", "2")
+    assert code == 0, err
+    assert report["precision"] == "int8" and report["gate"]["passed"]
+    # The photographs went through the ensemble on tritonserver and answered as the int8 model does in process.
+    assert "40 photographs" in report["pipeline"] and "top-2 labels equal" in report["pipeline"]
+    served = onnx.load(str(tmp_path / "colours_model" / "1" / "model.onnx"))
+    assert any(node.op_type == "QuantizeLinear" for node in served.graph.node)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "colours",
+        "colours_model",
+        "colours_post",
+        "colours_pre",
+    ]

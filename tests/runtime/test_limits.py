@@ -441,6 +441,20 @@ class TestPodCgroup:
         assert child.returncode == -signal.SIGKILL
         assert cgroup.oom_kills() >= 1 and cgroup.limits.memory_bytes == 64 * MiB
 
+    def test_a_cpu_quota_set_while_the_pod_runs_holds_from_then_on(self, pods: Pods) -> None:
+        """A benchmark moves CPU between a server and its callers without restarting either."""
+        cgroup = pods.create(PodLimits(cpus=1))
+        busy = (
+            "import sys, time; sys.stdin.readline(); wall, cpu = time.monotonic(), time.process_time()\n"
+            "while time.monotonic() - wall < 2: pass\n"
+            "print(time.process_time() - cpu)"
+        )
+        child = pods.start(cgroup, busy)
+        cgroup.limit_cpu(0.2)
+        out, _ = child.communicate("go\n", timeout=60)
+        assert float(out) < 0.6  # a fifth of a CPU for 2 s, where the quota of 1 CPU gave it nearly 2
+        assert cgroup.limits.cpus == 0.2 and cgroup.cpu_stats()["throttled_periods"] > 5
+
     def test_a_process_in_a_pod_may_take_its_limit_less_what_it_holds(self, pods: Pods) -> None:
         limit = 512 * MiB
         cgroup = pods.create(PodLimits(memory_bytes=limit))

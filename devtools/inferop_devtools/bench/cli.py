@@ -17,6 +17,8 @@ quota, idle and beside a CPU-bound process: p99 against p50 and the answers in t
 rendering as the ablation.
 Capacity: the export's capacity measure three times idle and three times beside busy processes, and the same timed by
 the clock (the ablation).
+Image pipeline (Inception V3 under one CPU): JPEG -> top-5 through the planned ensemble against the bare model fed
+tensors, against callers that decode at the same total CPU, the bytes a request carries, and the naive ensemble.
 
 Exits 1 when a part fails or a target is missed, and says which.
 """
@@ -46,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-clients", action="store_true")
     parser.add_argument("--skip-stall", action="store_true")
     parser.add_argument("--skip-capacity", action="store_true")
+    parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--json", type=Path, default=repo_root() / "out" / "bench.json", help="write the figures here")
     args = parser.parse_args(argv)
 
@@ -54,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from inferop_devtools.bench.clients import clients_bench
     from inferop_devtools.bench.gpu import gpu_bench
     from inferop_devtools.bench.operator import operator_bench
+    from inferop_devtools.bench.pipeline import pipeline_bench
     from inferop_devtools.bench.serving import serving_bench
     from inferop_devtools.bench.stall import stall_bench
     from inferop_devtools.bench.tune import tune_bench
@@ -66,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         "clients": lambda: clients_bench(args.seconds),
         "stall": lambda: stall_bench(args.seconds),
         "capacity": capacity_bench,
+        "pipeline": lambda: pipeline_bench(args.seconds),
     }
     results: dict[str, Any] = {}
     failed: dict[str, str] = {}

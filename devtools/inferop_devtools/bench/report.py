@@ -8,6 +8,7 @@ from typing import Any
 from inferop_devtools.bench.capacity import capacity_lines, capacity_targets
 from inferop_devtools.bench.clients import clients_lines, clients_targets
 from inferop_devtools.bench.operator import operator_targets
+from inferop_devtools.bench.pipeline import pipeline_lines, pipeline_targets
 from inferop_devtools.bench.serving import TUNED_CONCURRENCY, serving_targets
 from inferop_devtools.bench.stall import stall_lines, stall_targets
 from inferop_devtools.bench.targets import Target
@@ -21,6 +22,7 @@ TARGETS: dict[str, Callable[[dict[str, Any]], list[Target]]] = {
     "clients": clients_targets,
     "stall": stall_targets,
     "capacity": capacity_targets,
+    "pipeline": pipeline_targets,
 }
 
 
@@ -132,6 +134,8 @@ def report_lines(results: dict[str, Any]) -> list[str]:
         lines += stall_lines(results["stall"])
     if "capacity" in results:
         lines += capacity_lines(results["capacity"])
+    if "pipeline" in results:
+        lines += pipeline_lines(results["pipeline"])
     return lines
 
 

@@ -1,0 +1,265 @@
+"""Image pipelines, Inception V3 fp32 under one CPU for the callers and the pod together: photographs as JPEG ->
+top-5 through the planned ensemble against the bare model fed ready tensors; against callers that decode on their
+side, at the same total CPU; the bytes a request carries each way; and the naive ensemble (Triton's default instance
+counts, ONNX Runtime's default threads, Triton's unbounded queue).
+
+The callers run in a cgroup of their own, as the server does, and the two share TOTAL_CPUS: callers that only send
+files need ENSEMBLE_CALLERS_CPUS, callers that decode each image before they send it need more, which the server
+then lacks. Each split in DECODING_SPLITS is measured and the best kept. Every server runs at once and they are
+measured in turn over alternating rounds: this machine's speed drifts by a fifth within minutes, more than separate
+measurements could tell.
+
+`python -m inferop_devtools.bench.pipeline URL MODEL FOLDER send|decode CALLERS SECONDS PROCS` runs the callers,
+joins their cgroup (PROCS: its cgroup.procs files, comma-separated) once they are ready to send, and prints what they
+measured as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from inferop_devtools.bench.targets import Target
+
+TOTAL_CPUS = 1.0  # the callers' and the pod's: the other CPU of a two-CPU machine keeps the rest of it quiet
+# The least CFS quota, 1 ms a 100 ms period: callers that only send files need about a tenth of it (0.15 ms a request
+# at 9 requests/s, measured).
+ENSEMBLE_CALLERS_CPUS = 0.01
+# CPUs tried for callers that decode: decoding, preprocessing and ranking an image take about 5 ms in a process of its
+# own (the stages' rate), about twice that beside the server, whose model evicts its caches: 9.6 ms an image measured,
+# the sending of its tensor included, 0.09 CPU at the model's 9 images/s. The best of the splits is kept.
+DECODING_SPLITS = (0.08, 0.1, 0.12)
+CALLERS = 16  # closed-loop callers of one image each: two batches of the model's, the dynamic batcher kept full
+ROUNDS = 3
+TIMEOUT = 60.0
+ENSEMBLE_OVER_MODEL = 0.9
+ENSEMBLE_OVER_CALLERS_DECODING = 1.0
+FEWER_BYTES = 10.0
+PLANNED_OVER_NAIVE = 1.0
+
+SERVERS = ("ensemble", "model", "decoding", "naive_ensemble")
+
+
+def pipeline_bench(seconds: float) -> dict[str, Any]:
+    """Export Inception V3 with its pipeline (measured and proved as a user's export is), render every
+    configuration for its CPUs as the operator would, and measure them side by side."""
+    from inferop.serving.localrepo import write_model_repo, write_pipeline_repo
+    from inferop_devtools.field.pods import naive
+    from inferop_export.exporter import export_model
+    from inferop_export.networks.inception_v3 import inception_v3
+    from inferop_export.pipeline import typical_images
+    from inferop_operator.plan import plan_service
+    from inferop_operator.spec import Pipeline
+
+    pod_cpus = TOTAL_CPUS - ENSEMBLE_CALLERS_CPUS
+    with tempfile.TemporaryDirectory(prefix="inferop-bench-pipeline-") as work_dir:
+        work = Path(work_dir)
+        print("image pipeline: exporting Inception V3 with --pipeline image ...", flush=True)
+        report = export_model(inception_v3(), work / "exported", quiet=True, pipeline=Pipeline())
+        source = Path(report.model_path).parents[1]
+        limits = {"limits": {"cpu": f"{pod_cpus:g}"}, "requests": {}}
+        on_pod = report.spec.model_copy(update={"resources": report.spec.resources.model_copy(update=limits)})
+        planned = plan_service(on_pod)
+        assert planned.pipeline is not None and planned.stages is not None
+        bare = plan_service(on_pod.model_copy(update={"pipeline": None})).serving
+        naive_pipeline = planned.pipeline.model_copy(
+            update={"model": naive(planned.pipeline.model, instances=1), "pre_instances": 1, "post_instances": 1}
+        )
+        images = work / "images"
+        images.mkdir()
+        for index, data in enumerate(typical_images()):
+            (images / f"{index}.jpg").write_bytes(data)
+
+        repos = {
+            "ensemble": write_pipeline_repo(planned.pipeline, source, work / "ensemble"),
+            "model": write_model_repo(bare, source, work / "model"),
+            "decoding": write_model_repo(bare, source, work / "decoding"),
+            "naive_ensemble": write_pipeline_repo(naive_pipeline, source, work / "naive"),
+        }
+        pipeline_name = planned.pipeline.name
+        print(
+            f"image pipeline: {ROUNDS} alternating rounds of {CALLERS} callers of one image, callers and server "
+            f"sharing {TOTAL_CPUS:g} CPU ...",
+            flush=True,
+        )
+        measured: dict[str, list[dict[str, Any]]] = {name: [] for name in (*SERVERS[:2], SERVERS[3])}
+        decoding: dict[float, list[dict[str, Any]]] = {split: [] for split in DECODING_SPLITS}
+        with ExitStack() as stack:
+            servers = {name: stack.enter_context(served(repo, pod_cpus)) for name, repo in repos.items()}
+            for name, server in servers.items():  # warm: the first requests of a server load what it lazily loads
+                callers(server.url, pipeline_name if name.endswith("ensemble") else bare.name, images, False, 1, 2)
+            for _ in range(ROUNDS):
+                for name in measured:
+                    pipeline = name.endswith("ensemble")
+                    model = pipeline_name if pipeline else bare.name
+                    # The bare model's callers send ready tensors: they get what the ensemble's do.
+                    measured[name].append(
+                        callers(servers[name].url, model, images, False, ENSEMBLE_CALLERS_CPUS, seconds)
+                    )
+                for split in DECODING_SPLITS:
+                    assert servers["decoding"].cgroup is not None
+                    servers["decoding"].cgroup.limit_cpu(TOTAL_CPUS - split)
+                    decoding[split].append(callers(servers["decoding"].url, bare.name, images, True, split, seconds))
+    best = max(DECODING_SPLITS, key=lambda split: statistics.median(r["throughput"] for r in decoding[split]))
+    return {
+        "total_cpus": TOTAL_CPUS,
+        "callers": CALLERS,
+        "stages": planned.stages.explain(),
+        "images_per_cpu_second": report.spec.pipeline.images_per_cpu_second if report.spec.pipeline else None,
+        "proved": report.pipeline,
+        **{name: summary(rounds, callers_cpus=ENSEMBLE_CALLERS_CPUS) for name, rounds in measured.items()},
+        "decoding": summary(decoding[best], callers_cpus=best),
+        "decoding_splits": {f"{split:g}": summary(decoding[split], callers_cpus=split) for split in DECODING_SPLITS},
+    }
+
+
+def summary(rounds: list[dict[str, Any]], callers_cpus: float) -> dict[str, Any]:
+    return {
+        "median": round(statistics.median(r["throughput"] for r in rounds), 2),
+        "rounds": [round(r["throughput"], 2) for r in rounds],
+        "p99_ms": round(statistics.median(r["p99_ms"] for r in rounds), 1),
+        "request_bytes": round(rounds[0]["request_bytes"]),
+        "callers_cpu_ms": round(statistics.median(r["client_cpu_ms"] for r in rounds), 3),
+        "callers_cpus": callers_cpus,
+        "errors": sum(r["errors"] for r in rounds),
+    }
+
+
+def served(repo: Path, cpus: float) -> Any:
+    from inferop.limits import PodLimits
+    from inferop.serving.tritonserver import TritonServer, free_port
+
+    return TritonServer(repo, http_port=free_port(), limits=PodLimits(cpus=cpus))
+
+
+def callers(url: str, model: str, images: Path, decode: bool, cpus: float, seconds: float) -> dict[str, Any]:
+    """CALLERS closed-loop callers in a cgroup of `cpus` (this module as its own process), sending the images of
+    `images` to the ensemble, or decoding each (`decode`) and sending the model its tensor. The process joins the
+    cgroup once it is ready to send: starting Python and importing numpy under a hundredth of a CPU takes minutes."""
+    from inferop.limits import PodCgroup, PodLimits
+
+    cgroup = PodCgroup(PodLimits(cpus=cpus)).create()
+    try:
+        mode = "decode" if decode else "send"
+        procs = ",".join(str(directory / "cgroup.procs") for directory in cgroup.directories)
+        done = subprocess.run(
+            [sys.executable, "-m", __name__, url, model, str(images), mode, str(CALLERS), str(seconds), procs],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 4 * TIMEOUT,
+            check=False,
+        )
+    finally:
+        cgroup.destroy()
+    if done.returncode != 0:
+        raise RuntimeError(f"the callers failed ({done.returncode}): {done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout))
+
+
+def closed_loop(
+    url: str, model: str, images: Path, decode: bool, concurrency: int, seconds: float, procs: list[Path]
+) -> dict[str, Any]:
+    """What `concurrency` callers measure in `seconds`, in the cgroup whose cgroup.procs files are `procs`: each sends
+    the next image (decoding it first and sending its tensor where `decode`), waits for the answer, and sends again."""
+    from inferop import bench
+    from inferop.client import connect, describe, preprocess_image
+
+    client = connect(url, TIMEOUT)
+    info = describe(client, model)
+    client.close()
+    paths = sorted(images.iterdir())
+    turns = None
+    if decode:
+        size = info.input_dims[-1]
+        tensors = [[(info.inputs[0], preprocess_image(path, size, info.processing)[None])] for path in paths]
+        exchange = bench.Exchange.for_model(url, info, tensors)
+
+        def decoded() -> Any:
+            for index in itertools.cycle(range(len(paths))):
+                preprocess_image(paths[index], size, info.processing)  # each request's own decoding, its CPU spent
+                yield exchange.requests[index]
+
+        turns = decoded()
+    else:
+        # The ensemble's callers send the files; the bare model's, generated tensors of its input's size.
+        exchange = bench.Exchange.for_model(
+            url, info, bench.bench_requests(info, paths if info.image_pipeline else [], 1)
+        )
+    for path in procs:  # ready to send: from here on, every CPU-second counts against the callers' share
+        path.write_text(str(os.getpid()))
+    began = time.process_time()
+    seen, elapsed = asyncio.run(exchange.closed_loop(concurrency, seconds, TIMEOUT, turns))
+    cpu = time.process_time() - began
+    latencies = [latency for caller in seen for latency in caller.latencies]
+    return {
+        "throughput": len(latencies) / elapsed,
+        "p99_ms": bench.percentiles(latencies)[2],
+        "errors": sum(len(caller.errors) + caller.rejected for caller in seen),
+        "client_cpu_ms": cpu * 1e3 / max(1, len(latencies)),
+        "request_bytes": exchange.request_bytes,
+    }
+
+
+def pipeline_lines(figures: dict[str, Any]) -> list[str]:
+    def row(name: str, what: str, f: dict[str, Any] | None = None) -> str:
+        f = f or figures[name]
+        return (
+            f"  {what:<40} {f['median']:>6.2f} images/s  p99 {f['p99_ms']:>7.1f} ms  {f['request_bytes']:>9,} bytes a "
+            f"request, callers {f['callers_cpus']:g} CPU ({f['callers_cpu_ms']:.2f} ms an image)  rounds "
+            f"{f['rounds']}, errors {f['errors']}"
+        )
+
+    splits = [row("", f"  callers decoding on {split} CPU", f) for split, f in figures["decoding_splits"].items()]
+    return [
+        f"Image pipeline, Inception V3 fp32, {figures['callers']} callers of one image, callers and server sharing "
+        f"{figures['total_cpus']:g} CPU (medians of alternating rounds):",
+        f"  proved: {figures['proved']}",
+        f"  plan: {figures['stages']}",
+        row("ensemble", "JPEG -> top-5, the planned ensemble"),
+        row("model", "the bare model, ready tensors"),
+        row("decoding", "callers decoding, at their best split"),
+        *splits,
+        row("naive_ensemble", "the naive ensemble (defaults everywhere)"),
+    ]
+
+
+def pipeline_targets(figures: dict[str, Any]) -> list[Target]:
+    ensemble = figures["ensemble"]
+    return [
+        Target("ensemble / bare model, same CPU", ensemble["median"] / figures["model"]["median"], ENSEMBLE_OVER_MODEL),
+        Target(
+            "ensemble / callers decoding, same total CPU",
+            ensemble["median"] / figures["decoding"]["median"],
+            ENSEMBLE_OVER_CALLERS_DECODING,
+        ),
+        Target(
+            "bytes a request: tensors / image",
+            figures["model"]["request_bytes"] / ensemble["request_bytes"],
+            FEWER_BYTES,
+        ),
+        Target("ensemble errors and rejections", ensemble["errors"], 0, at_least=False),
+        # The plan's ablation: the same ensemble with every default, which must not serve as much.
+        Target(
+            "planned / naive ensemble", ensemble["median"] / figures["naive_ensemble"]["median"], PLANNED_OVER_NAIVE
+        ),
+    ]
+
+
+def main(argv: list[str]) -> None:
+    url, model, images, mode, concurrency, seconds, procs = argv
+    paths = [Path(path) for path in procs.split(",")]
+    print(json.dumps(closed_loop(url, model, Path(images), mode == "decode", int(concurrency), float(seconds), paths)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
