@@ -209,3 +209,17 @@ def pipeline_in_process(served: dict[str, Any], data: bytes) -> tuple[list[str],
     (logits,) = served["session"].run(None, {config.model.inputs[0].name: pixels(config, data)[None]})
     order, probabilities = top_k(logits, config.top_k)
     return [served["labels"][i] for i in order[0]], probabilities[0]
+
+
+def image_classifier(**changes: Any) -> Any:
+    """Inception V3's ServingConfig as the model of its pipeline (`inception_v3_model`), with `changes`."""
+    from inferop_core.tritonconfig import ServingConfig, TensorSpec
+
+    settings: dict[str, Any] = {
+        "name": "inception_v3_model",
+        "inputs": (TensorSpec(name="images", dims=(3, 299, 299)),),
+        "outputs": (TensorSpec(name="logits", dims=(1000,), label_filename="labels.txt"),),
+        "max_batch_size": 8,
+        "processing": IMAGENET,
+    }
+    return ServingConfig(**{**settings, **changes})

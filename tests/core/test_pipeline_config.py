@@ -19,20 +19,11 @@ from inferop_core.tritonconfig import (
     parse_model_config,
     to_text,
 )
-from tests.helpers import IMAGENET
+from tests.helpers import IMAGENET, image_classifier
 
 
 def classifier(**changes: Any) -> ServingConfig:
-    settings: dict[str, Any] = {
-        "name": "inception_v3_model",
-        "inputs": (TensorSpec(name="images", dims=(3, 299, 299)),),
-        "outputs": (TensorSpec(name="logits", dims=(1000,), label_filename="labels.txt"),),
-        "max_batch_size": 8,
-        "max_queue_size": 40,
-        "request_timeout_microseconds": 5_000_000,
-        "processing": IMAGENET,
-    }
-    return ServingConfig(**{**settings, **changes})
+    return image_classifier(**{"max_queue_size": 40, "request_timeout_microseconds": 5_000_000, **changes})
 
 
 def pipeline(**changes: Any) -> PipelineConfig:

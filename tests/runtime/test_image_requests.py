@@ -45,7 +45,7 @@ from inferop_core.tritonconfig import (
     random_weights,
 )
 from inferop_export.pipeline import photographs
-from tests.helpers import IMAGENET, pipeline_in_process
+from tests.helpers import image_classifier, pipeline_in_process
 
 INFEROP = Path(sys.executable).with_name("inferop")
 
@@ -83,15 +83,7 @@ def served(configs: dict[str, Any]) -> Any:
 
 
 def classifier(**changes: Any) -> ServingConfig:
-    settings: dict[str, Any] = {
-        "name": "inception_v3_model",
-        "inputs": (TensorSpec(name="images", dims=(3, 299, 299)),),
-        "outputs": (TensorSpec(name="logits", dims=(1000,), label_filename="labels.txt"),),
-        "max_batch_size": 8,
-        "processing": IMAGENET,
-        "weights": random_weights(3),
-    }
-    return ServingConfig(**{**settings, **changes})
+    return image_classifier(**{"weights": random_weights(3), **changes})
 
 
 def pipeline_configs(**changes: Any) -> dict[str, Any]:
