@@ -344,7 +344,7 @@ def export_model(
             }
         )
         plan = plan_service(spec)  # the operator's checks too: an export that oversubscribes is refused
-        proved = None
+        proved = None  # with a pipeline: how it was proved
         if plan.pipeline is not None:
             from inferop_export import pipeline as image_pipeline
 
@@ -379,7 +379,7 @@ def export_model(
         parity_against=against,
         tolerance=source.tolerance,
         profile=profile,
-        serving=plan.serving,
+        serving=served,  # as written: a pipeline's model under its member's name
         spec=spec,
         precision=precision,
         gate=gate,
@@ -396,14 +396,13 @@ def export_model(
 def check_wraps(source: Source) -> None:
     """Before any work: a pipeline wraps an image classifier whose preprocessing and classes are declared (the
     spec checks its tensors once they are known)."""
-    processing = source.processing
-    if processing is None or processing.kind != "imageClassification" or not source.labels:
-        missing = (
-            "its preprocessing (--processing with kind imageClassification)"
-            if processing is None or processing.kind != "imageClassification"
-            else "its class names (--labels)"
-        )
-        raise SourceError(f"{source.name}: --pipeline image needs an image classifier with {missing}")
+    if source.processing is None or source.processing.kind != "imageClassification":
+        missing = "its preprocessing (--processing with kind imageClassification)"
+    elif not source.labels:
+        missing = "its class names (--labels)"
+    else:
+        return
+    raise SourceError(f"{source.name}: --pipeline image needs an image classifier with {missing}")
 
 
 def record_validation(validation: Samples, signature: Signature, model_dir: Path) -> ValidationSet | None:
