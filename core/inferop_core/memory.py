@@ -9,6 +9,8 @@ memory cgroup (`make field` re-measures it and prints the error of every estimat
     + queued: queue bound x (buffer factor x input bytes + request bytes)
     + executing: instances x maxBatchSize x (buffer factor x input and output bytes + request bytes)
     + busy: instances x busy-instance bytes
+    + an image pipeline's stages (`stage_bytes`): their processes, the largest picture each decoding instance may
+      hold, the queue full of the largest images
 
 The last three only while the queue is full ("saturated"): a queued request holds its inputs, its outputs exist once
 it has executed (a held-out model whose outputs are as large as its inputs showed it: counting both overestimated
@@ -140,10 +142,11 @@ class MemoryEstimate:
     in_flight: int  # requests queued and executing, and the instances busy with them
     unbounded: bool  # the queue has no bound: in-flight memory grows with the load
     assumed: str | None = None  # the runtime's RuntimeCosts.assumed
+    stages: int = 0  # an image pipeline's stages (stage_bytes)
 
     @property
     def total(self) -> int:
-        return self.baseline + self.instances + self.weights + self.activations + self.in_flight
+        return self.baseline + self.instances + self.weights + self.activations + self.in_flight + self.stages
 
     def explain(self) -> str:
         parts = [
@@ -152,6 +155,7 @@ class MemoryEstimate:
             f"{format_bytes(self.weights)} weights",
             f"{format_bytes(self.activations)} activations",
             f"{format_bytes(self.in_flight)} in-flight requests" + (" (queue unbounded)" if self.unbounded else ""),
+            *([f"{format_bytes(self.stages)} pipeline stages"] if self.stages else []),
         ]
         return f"{' + '.join(parts)} = {format_bytes(self.total)}"
 
@@ -203,3 +207,36 @@ def instance_device_bytes(model: ModelCosts, max_batch_size: int, costs: Runtime
     (its session, its weights and the activations of its largest batch); requests wait in host memory."""
     one = estimate_memory(model, ServingShape(1, max_batch_size, queue_bound=0), costs, saturated=False)
     return one.instances + one.weights + one.activations
+
+
+# An image pipeline's stages are python stub processes (inferop/serving/pipeline.py) in every runtime. Measured with
+# `inferop serve` on Inception V3's pipeline after five JPEGs (2026-12-06): the decoding stage's stub 46 MiB resident
+# (21 MiB of it anonymous, the rest its libraries' pages), the top-k stage's 40 MiB; the larger is the cost of each.
+STAGE_PROCESS_BYTES = 46 * MiB
+# The decoding stage's peak rise per pixel of the picture it takes in, decode and preprocessing together (ru_maxrss,
+# inferop.serving.pipeline.image_tensor, 2026-12-06): of 6000x6000 pictures, 16-bit grey, RGBA, grey with alpha and
+# palette with transparency PNGs 8.06 bytes (the picture and its composite on white), grey and palette 5.06, RGB 4.3,
+# JPEGs 0.3 (decoded at the scale the resize needs); held out, 4000x2500 RGBA and 16-bit grey PNGs 8.22 and 8.23, which
+# this is 3% over. The worst, for every picture: its pixels are declared in its header and refused past
+# maxImagePixels before they are decoded.
+DECODED_BYTES_PER_PIXEL = 8.5
+
+
+def stage_bytes(
+    pre_instances: int,
+    post_instances: int,
+    max_image_pixels: int,
+    max_image_bytes: int,
+    queue_bound: int | None,
+    executing: int,
+    costs: RuntimeCosts,
+) -> int:
+    """An image pipeline's stages at their peak: each instance's process, each decoding instance holding the largest
+    picture it may decode, and every request in the pipeline holding the largest image: a caller's image is kept until
+    the ensemble answers, so those queued for decoding, those decoded and queued for the model (both queues have the
+    model's bound) and those `executing` (the model's instances x batch, the decoding instances)."""
+    processes = (pre_instances + post_instances) * STAGE_PROCESS_BYTES
+    pictures = pre_instances * max_image_pixels * DECODED_BYTES_PER_PIXEL
+    requests = 2 * (queue_bound or 0) + executing + pre_instances
+    images = requests * (costs.buffer_factor * max_image_bytes + costs.request_bytes)
+    return round(processes + pictures + images)

@@ -269,8 +269,12 @@ PIPELINE_STAGES = ("pre", "post")
 # What a pipeline refuses unless its spec says otherwise; inferop/serving/pipeline.py, which cannot import this module
 # in Triton's python stub, holds the same numbers (tests/runtime/test_pipeline.py checks that they agree).
 DEFAULT_TOP_K = 5
-DEFAULT_MAX_IMAGE_BYTES = 16 * 2**20
-DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
+# One top-k instance keeps up with any model: it reads a row of scores (microseconds an image).
+TOP_K_INSTANCES = 1
+# A 24-megapixel camera's photograph (6000 x 4000) is a JPEG of 4-8 MB at usual qualities; every byte and pixel allowed
+# is memory the plan sets aside for each request and each decoding instance (inferop_core.memory.stage_bytes).
+DEFAULT_MAX_IMAGE_BYTES = 8 * 2**20
+DEFAULT_MAX_IMAGE_PIXELS = 25_000_000
 
 
 def check_image_classifier(
@@ -312,7 +316,7 @@ class PipelineConfig(BaseModel):
     max_image_bytes: int = Field(default=DEFAULT_MAX_IMAGE_BYTES, ge=1)
     max_image_pixels: int = Field(default=DEFAULT_MAX_IMAGE_PIXELS, ge=1)
     pre_instances: int = Field(default=1, ge=1, le=256)
-    post_instances: int = Field(default=1, ge=1, le=256)
+    post_instances: int = Field(default=TOP_K_INSTANCES, ge=1, le=256)
 
     @model_validator(mode="after")
     def _an_image_classifier(self) -> PipelineConfig:

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from PIL.Image import Image as Picture
 
 # A caller's file is refused past these unless the service sets its own (spec pipeline.maxImageBytes,
-# maxImagePixels): a photograph of 24 megapixels as a JPEG is 5-15 MB.
-MAX_IMAGE_BYTES = 16 * 2**20
-MAX_IMAGE_PIXELS = 40_000_000
+# maxImagePixels): a photograph of 24 megapixels (6000 x 4000) as a JPEG is 4-8 MB at usual qualities.
+MAX_IMAGE_BYTES = 8 * 2**20
+MAX_IMAGE_PIXELS = 25_000_000
 FORMATS = ("JPEG", "PNG")
 # The modes of a 16-bit grey PNG, which convert("RGB") clips instead of scaling to 8 bits.
 WIDE_GREYS = ("I", "I;16", "I;16B", "I;16L", "I;16N")
@@ -74,16 +74,25 @@ def decode(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # corrupt EXIF: the picture is kept as stored
             image.load()
-            upright = ImageOps.exif_transpose(image)
+            ImageOps.exif_transpose(image, in_place=True)  # upright without a copy of the pixels
     except Exception as error:  # as above: Pillow raises OSError, SyntaxError, ValueError, struct.error...
         raise ImageRefused(f"a corrupt {image.format}: {error}") from None
-    if upright.mode in WIDE_GREYS:
-        grey = np.asarray(upright, dtype=np.float64) / 257.0  # 65,535 to 255
-        upright = Image.fromarray(np.clip(np.rint(grey), 0, 255).astype(np.uint8), "L")
-    if upright.mode in ("RGBA", "LA", "PA") or (upright.mode == "P" and "transparency" in upright.info):
-        background = Image.new("RGBA", upright.size, (255, 255, 255, 255))
-        upright = Image.alpha_composite(background, upright.convert("RGBA"))  # on white, as a viewer shows it
-    return upright.convert("RGB")
+    picture: Picture = image
+    del image  # each copy of the pixels below is dropped as soon as the next exists: memory is the stage's cost
+    if picture.mode in WIDE_GREYS:
+        grey = np.asarray(picture, dtype=np.uint32)
+        del picture
+        grey += 128  # 65,535 to 255, rounded: (v + 128) // 257 is round(v / 257) for every integer v
+        grey //= 257
+        picture = Image.fromarray(grey.astype(np.uint8), "L")
+        del grey
+    if picture.mode in ("RGBA", "LA", "PA") or (picture.mode == "P" and "transparency" in picture.info):
+        rgba = picture if picture.mode == "RGBA" else picture.convert("RGBA")
+        del picture
+        upright = Image.new("RGB", rgba.size, (255, 255, 255))
+        upright.paste(rgba, mask=rgba)  # on white, as a viewer shows it
+        return upright
+    return picture if picture.mode == "RGB" else picture.convert("RGB")
 
 
 def preprocess(rgb: Picture, size: int, resize_ratio: float, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:

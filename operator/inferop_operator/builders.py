@@ -15,7 +15,13 @@ from typing import Any
 from inferop_core import scheduling
 from inferop_core.capacity import gateway_admission
 from inferop_core.cpu import NFD_LABELS
-from inferop_core.tritonconfig import RATE_LIMIT_ARG, render_model_config
+from inferop_core.tritonconfig import (
+    RATE_LIMIT_ARG,
+    ServingConfig,
+    build_pipeline_configs,
+    render_model_config,
+    to_text,
+)
 from inferop_operator import identity, liveness
 from inferop_operator.identity import (
     API_VERSION,
@@ -58,6 +64,11 @@ STARTUP_PROBE_PERIOD = 5
 ADMIN_HEADER = "inferop-admin"
 RESTRICTED_APIS = "model-repository,shared-memory"
 TOKEN_BYTES = 16  # 128 random bits, 32 hex digits
+
+
+def member_config_key(member: str) -> str:
+    """A pipeline member's config in the ConfigMap (its model's config is CONFIG_KEY)."""
+    return f"{member}.pbtxt"
 
 
 @dataclass(frozen=True)
@@ -133,12 +144,25 @@ class Service:
         return self.name if self.track == "stable" else f"{self.name}{CANDIDATE_SUFFIX}"
 
     @property
-    def config_text(self) -> str:
-        return render_model_config(self.plan.serving)
+    def served_model(self) -> ServingConfig:
+        """The model's config as Triton serves it: with a pipeline, under its member's name (<name>_model)."""
+        return self.plan.serving if self.plan.pipeline is None else self.plan.pipeline.model
+
+    @property
+    def config_files(self) -> dict[str, str]:
+        """The ConfigMap's files: the model's config (CONFIG_KEY) and, with a pipeline, each other member's config
+        as <member>.pbtxt (its stages and the ensemble that callers use)."""
+        files = {CONFIG_KEY: render_model_config(self.served_model)}
+        if self.plan.pipeline is not None:
+            for name, config in build_pipeline_configs(self.plan.pipeline).items():
+                if name != self.served_model.name:
+                    files[member_config_key(name)] = to_text(config)
+        return files
 
     @property
     def config_hash(self) -> str:
-        return hashlib.sha256(self.config_text.encode()).hexdigest()[:16]
+        files = self.config_files
+        return hashlib.sha256("\0".join(f"{key}\0{files[key]}" for key in sorted(files)).encode()).hexdigest()[:16]
 
     @property
     def config_map_name(self) -> str:
@@ -180,7 +204,7 @@ def build_config_map(service: Service) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(service, service.config_map_name),
-        "data": {CONFIG_KEY: service.config_text},
+        "data": service.config_files,
     }
 
 
@@ -254,27 +278,43 @@ def thread_env(service: Service) -> list[dict[str, str]]:
 
 def layout_script(service: Service) -> str:
     """Lay the model repository out in an emptyDir: links to the read-only model files, and the rendered
-    config in place of any config.pbtxt that came with them. The user's storage is never written. Links are
-    replaced (`ln -sfn`): the script runs again, on the filled emptyDir, when the pod restarts."""
-    model = shlex.quote(f"{MODEL_REPOSITORY}/{service.spec.model.name}")
+    config in place of any config.pbtxt that came with them. With a pipeline, each other member gets a directory
+    with its rendered config and an empty version (the image's backend runs the stages), and the last stage the
+    model's labels. The user's storage is never written. Links are replaced (`ln -sfn`): the script runs again, on
+    the filled emptyDir, when the pod restarts."""
+    model = shlex.quote(f"{MODEL_REPOSITORY}/{service.served_model.name}")
     source = shlex.quote(MODEL_SOURCE)
     config = shlex.quote(f"{CONFIG_DIR}/{CONFIG_KEY}")
-    return "\n".join(
-        [
-            "set -eu",
-            f"src={source}",
-            f"dst={model}",
-            '[ -d "$src" ] || { echo "model source $src is not a directory" >&2; exit 1; }',
-            'mkdir -p "$dst"',
-            'for entry in "$src"/*; do',
-            '  [ "$(basename "$entry")" = config.pbtxt ] || ln -sfn "$entry" "$dst/"',
-            "done",
-            f'ln -sfn {config} "$dst/config.pbtxt"',
-            'ls -d "$dst"/[0-9]* >/dev/null 2>&1 ||',
-            '  { echo "no version directory (e.g. 1/model.onnx) in $src" >&2; exit 1; }',
-            'echo "model repository laid out:"; ls -l "$dst"',
+    lines = [
+        "set -eu",
+        f"src={source}",
+        f"dst={model}",
+        '[ -d "$src" ] || { echo "model source $src is not a directory" >&2; exit 1; }',
+        'mkdir -p "$dst"',
+        'for entry in "$src"/*; do',
+        '  [ "$(basename "$entry")" = config.pbtxt ] || ln -sfn "$entry" "$dst/"',
+        "done",
+        f'ln -sfn {config} "$dst/config.pbtxt"',
+        'ls -d "$dst"/[0-9]* >/dev/null 2>&1 ||',
+        '  { echo "no version directory (e.g. 1/model.onnx) in $src" >&2; exit 1; }',
+    ]
+    pipeline = service.plan.pipeline
+    if pipeline is not None:
+        labels = shlex.quote(pipeline.model.outputs[0].label_filename or "")
+        for name in (pipeline.members["pre"], pipeline.members["post"], pipeline.name):
+            member = shlex.quote(f"{MODEL_REPOSITORY}/{name}")
+            lines += [
+                f"mkdir -p {member}/1",
+                f"ln -sfn {shlex.quote(f'{CONFIG_DIR}/{member_config_key(name)}')} {member}/config.pbtxt",
+            ]
+        post = shlex.quote(f"{MODEL_REPOSITORY}/{pipeline.members['post']}")
+        lines += [
+            f'[ -f "$src"/{labels} ] ||',
+            f'  {{ echo "no labels file {labels} in $src: the pipeline answers with the labels" >&2; exit 1; }}',
+            f'ln -sfn "$src"/{labels} {post}/{labels}',
         ]
-    )
+    lines.append(f'echo "model repository laid out:"; ls -l {shlex.quote(MODEL_REPOSITORY)} "$dst"')
+    return "\n".join(lines)
 
 
 def source_volume(service: Service) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -1,13 +1,15 @@
-"""The Triton container's liveness check: it fails when the model stops completing work while requests wait.
+"""The Triton container's liveness check: it fails when a model stops completing work while requests wait for it.
 
 Triton's `/v2/health/live` answers 200 while a model instance hangs inside `execute`: the server is up, the
 batch inside the instance never returns, and the queue's timeout only ends the requests still queued. Nothing
 restarts such a pod. This check reads Triton's own metrics on the metrics port, where executions count only when
 they complete (`nv_inference_exec_count`), requests wait in `nv_inference_pending_request_count`, and requests
 that timed out of the queue count as `nv_inference_request_failure{reason="REJECTED"}` (a full queue's
-rejections do not). Each run compares them with the previous run's, kept in the pod's /tmp (an emptyDir), and
-fails when no execution completed since then while requests waited (pending now, or timed out meanwhile). It
-also fails when `/v2/health/live` does not answer 200, as the plain HTTP check did.
+rejections do not). Each run compares them with the previous run's, model by model, kept in the pod's /tmp (an
+emptyDir), and fails when a model completed no execution since then while requests waited for it (pending now, or
+timed out meanwhile): in an image pipeline, a hung model does not hide behind its decoding stage, which goes on
+completing requests that then wait for the model. It also fails when `/v2/health/live` does not answer 200, as the
+plain HTTP check did.
 
 The kubelet restarts the container after `failureThreshold` consecutive failures `periodSeconds` apart, that is
 after between (failureThreshold - 1) and failureThreshold periods without a completed execution. The window is
@@ -68,37 +70,48 @@ try:
 except Exception as error:
     print("tritonserver does not answer: %s" % error)
     sys.exit(1)
-now = {"executions": 0.0, "pending": 0.0, "rejected": 0.0, "failed": 0.0, "labelled": False, "time": time.time()}
+models = {}
 for line in text.splitlines():
     name, value = line.split("{", 1)[0], line.rsplit(" ", 1)[-1]
+    if name not in ("nv_inference_exec_count", "nv_inference_pending_request_count", "nv_inference_request_failure"):
+        continue
+    model = line.split('model="', 1)[1].split('"', 1)[0] if 'model="' in line else ""
+    now = models.setdefault(model, {"executions": 0.0, "pending": 0.0, "rejected": 0.0, "failed": 0.0})
     if name == "nv_inference_exec_count":
         now["executions"] += float(value)
     elif name == "nv_inference_pending_request_count":
         now["pending"] += float(value)
-    elif name == "nv_inference_request_failure":
+    else:
         now["failed"] += float(value)
         if 'reason="' in line:
             now["labelled"] = True
             now["rejected"] += float(value) if 'reason="REJECTED"' in line else 0.0
-if not now["labelled"]:
-    now["rejected"] = now["failed"]
+for now in models.values():
+    if not now.pop("labelled", False):
+        now["rejected"] = now["failed"]
 try:
     with open(path) as state:
         last = json.load(state)
 except (OSError, ValueError):
     last = None
 with open(path + ".new", "w") as state:
-    json.dump(now, state)
+    json.dump({"time": time.time(), "models": models}, state)
 os.replace(path + ".new", path)
-if last is None or now["time"] - last["time"] > 2.5 * period or now["executions"] < last["executions"]:
+if not isinstance(last, dict) or "models" not in last or time.time() - last["time"] > 2.5 * period:
     sys.exit(0)
-timed_out = now["rejected"] - last["rejected"]
-if now["executions"] == last["executions"] and (now["pending"] > 0 or timed_out > 0):
-    print(
-        "no model execution completed in %.0f s while requests waited (%d pending, %d timed out of the queue)"
-        % (now["time"] - last["time"], now["pending"], timed_out)
-    )
-    sys.exit(1)
+before = last["models"]
+if any(model in before and now["executions"] < before[model]["executions"] for model, now in models.items()):
+    sys.exit(0)
+for model, now in sorted(models.items()):
+    if model not in before or now["executions"] != before[model]["executions"]:
+        continue
+    timed_out = now["rejected"] - before[model]["rejected"]
+    if now["pending"] > 0 or timed_out > 0:
+        print(
+            "no execution of model %s completed in %.0f s while requests waited (%d pending, %d timed out of the "
+            "queue)" % (model, time.time() - last["time"], now["pending"], timed_out)
+        )
+        sys.exit(1)
 """
 
 

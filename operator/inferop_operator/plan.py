@@ -21,11 +21,12 @@ from inferop_core.memory import (
     ServingShape,
     estimate_memory,
     instance_device_bytes,
+    stage_bytes,
 )
 from inferop_core.quantity import format_bytes, parse_quantity
 from inferop_core.stages import StagePlan, check_stages, plan_stages
 from inferop_core.threads import OversubscribedError, ThreadPlan, check_budget, plan_threads
-from inferop_core.tritonconfig import PipelineConfig, ServingConfig
+from inferop_core.tritonconfig import TOP_K_INSTANCES, PipelineConfig, ServingConfig
 from inferop_operator.identity import ROUTE_API
 from inferop_operator.spec import GatewayRef, InferenceServiceSpec
 
@@ -65,6 +66,7 @@ class MemoryFit:
     against: str  # what the estimate was compared with
     max_batch_size: int | None = None  # largest batch that fits with the requested instances
     max_instances: int | None = None  # most instances that fit at the requested batch size
+    max_image_mib: int | None = None  # with a pipeline: the largest pipeline.maxImageBytes, in MiB, that fits
     margin: bool = False  # whether the limit must hold the estimate with MEMORY_MARGIN (a memory limit)
 
     @property
@@ -159,6 +161,8 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
             fixes.append(f"batching.maxBatchSize <= {memory.max_batch_size}")
         if memory.max_instances:
             fixes.append(f"instances <= {memory.max_instances}")
+        if memory.max_image_mib:
+            fixes.append(f"pipeline.maxImageBytes <= {memory.max_image_mib}Mi")
         # Whole MiB rounded up, so the amount suggested is a quantity that passes this very check.
         fixes.append(f"at least {math.ceil(memory.needed_bytes / 2**20)}Mi {memory.against.split(' (')[0]}")
         raise Refusal(
@@ -286,7 +290,20 @@ def estimate_peak(spec: InferenceServiceSpec, costs: RuntimeCosts) -> MemoryEsti
     """The pod's peak with its queue full, for `spec` as it stands (threads and queue bound re-derived)."""
     threads = plan_threads(model_cpus(spec), spec.instances, spec.threads.intra_op, spec.threads.inter_op)
     shape = ServingShape(threads.instances, spec.batching.samples_per_batch, queue_bound(spec, threads).size)
-    return estimate_memory(model_costs(spec), shape, costs)
+    estimate = estimate_memory(model_costs(spec), shape, costs)
+    stages, pipeline = stage_plan(spec), spec.pipeline
+    if stages is None or pipeline is None:
+        return estimate
+    held = stage_bytes(
+        stages.pre_instances,
+        TOP_K_INSTANCES,
+        pipeline.max_image_pixels,
+        pipeline.max_image_bytes_count,
+        shape.queue_bound,
+        shape.instances * shape.max_batch_size,
+        costs,
+    )
+    return replace(estimate, stages=held)
 
 
 def model_costs(spec: InferenceServiceSpec) -> ModelCosts:
@@ -328,9 +345,25 @@ def memory_fit(spec: InferenceServiceSpec, costs: RuntimeCosts) -> MemoryFit:
     max_batch = next((b for b in range(spec.batching.max_batch_size - 1, 0, -1) if fits(max_batch_size=b)), None)
     instances = plan_threads(model_cpus(spec), spec.instances, spec.threads.intra_op, spec.threads.inter_op).instances
     max_instances = next((n for n in range(instances - 1, 0, -1) if fits(instances=n)), None)
-    return MemoryFit(estimate, available, against, max_batch, max_instances, margin)
+    max_image_mib = None
+    if spec.pipeline is not None:  # the estimate grows with the largest image allowed: the most MiB that fit
+        low, high = 0, math.ceil(spec.pipeline.max_image_bytes_count / 2**20) - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if fits(max_image_mib=middle) else (low, middle - 1)
+        max_image_mib = low or None
+    return MemoryFit(estimate, available, against, max_batch, max_instances, max_image_mib, margin)
 
 
-def _changed(spec: InferenceServiceSpec, max_batch_size: int | None = None, instances: int | None = None) -> Any:
+def _changed(
+    spec: InferenceServiceSpec,
+    max_batch_size: int | None = None,
+    instances: int | None = None,
+    max_image_mib: int | None = None,
+) -> Any:
     batching = spec.batching.model_copy(update={"max_batch_size": max_batch_size or spec.batching.max_batch_size})
-    return spec.model_copy(update={"batching": batching, "instances": instances or spec.instances})
+    changed = spec.model_copy(update={"batching": batching, "instances": instances or spec.instances})
+    if max_image_mib is not None and spec.pipeline is not None:
+        pipeline = spec.pipeline.model_copy(update={"max_image_bytes": f"{max_image_mib}Mi"})
+        changed = changed.model_copy(update={"pipeline": pipeline})
+    return changed

@@ -307,6 +307,63 @@ def test_an_exported_model_serves_on_the_node_as_the_operator_renders_it(
         kube.run("delete", "-f", str(manifest), "--wait=true", check=False)
 
 
+@pytest.mark.integration
+def test_an_image_pipeline_serves_photographs_on_the_node_as_in_process(
+    kube: Cluster, operator: Path, tmp_path: Path, measured: Callable[[str], None]
+) -> None:
+    """Inception V3 exported with --pipeline image and applied as it is: one Triton pod runs the ensemble, its stages
+    (the image's backend inferop_pipeline) and the model; photographs sent as JPEG and PNG bytes get the top labels
+    that decoding, the model and top-k in process give, and bytes that are no image a 400 that says so."""
+    import onnxruntime as ort
+    from tritonclient.utils import InferenceServerException
+
+    from inferop.serving.tritonserver import free_port
+    from inferop_core.tritonconfig import PipelineConfig
+    from inferop_export.pipeline import ask, encodings, photographs
+    from tests.helpers import image_classifier, pipeline_in_process
+
+    repo, manifest = tmp_path / "model_repo", tmp_path / "inception-v3.yaml"
+    export = subprocess.run(
+        [*INFEROP, "export", "inception_v3", "--pipeline", "image", "--repo", str(repo), "--manifest", str(manifest)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert export.returncode == 0, export.stderr
+    applied = time.monotonic()
+    kube.run("apply", "-f", str(manifest))
+    try:
+        ready = kube.run("wait", "--for=condition=Ready", "infsvc/inception-v3", "--timeout=240s", check=False,
+                         timeout=250)  # fmt: skip
+        assert "condition met" in ready, kube.run("describe", "infsvc,pods", check=False)
+        measured(f"inception-v3 pipeline Ready {time.monotonic() - applied:.1f} s after kubectl apply")
+        model = repo / "inception_v3_model"
+        reference = {
+            "config": PipelineConfig(name="inception_v3", model=image_classifier()),
+            "session": ort.InferenceSession(str(model / "1" / "model.onnx"), providers=["CPUExecutionProvider"]),
+            "labels": (model / "labels.txt").read_text().splitlines(),
+        }
+        port = free_port()
+        forward = subprocess.Popen([kube.kubectl, "port-forward", "service/inception-v3", f"{port}:8000"],
+                                   env=kube.env, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            assert forward.stdout is not None and "Forwarding from" in forward.stdout.readline()
+            url = f"127.0.0.1:{port}"
+            for name, photo in photographs().items():
+                for encoding in ("jpeg75x1", "png"):
+                    data = encodings(photo)[encoding]
+                    labels, probabilities = ask(url, "inception_v3", data)
+                    expected = pipeline_in_process(reference, data)
+                    assert labels == expected[0], (name, encoding)
+                    np.testing.assert_allclose(probabilities, expected[1], rtol=1e-3, atol=1e-6)
+            with pytest.raises(InferenceServerException) as refused:
+                ask(url, "inception_v3", b"%PDF-1.7 a document")
+            assert refused.value.status() == "400" and "not a JPEG or PNG image" in refused.value.message()
+        finally:
+            forward.terminate()
+            forward.wait()
+    finally:
+        kube.run("delete", "-f", str(manifest), "--wait=true", check=False)
+
+
 @pytest.mark.parametrize(
     ("model", "changes", "reason", "said"),
     [

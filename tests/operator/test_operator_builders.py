@@ -21,6 +21,7 @@ from inferop_core.tritonconfig import parse_model_config
 from inferop_operator.builders import (
     CHILDREN,
     CONFIG_DIR,
+    CONFIG_KEY,
     MODEL_REPOSITORY,
     MODEL_SOURCE,
     Routing,
@@ -66,6 +67,13 @@ def with_storage(uri: str) -> dict[str, Any]:
 
 def example(name: str) -> dict[str, Any]:
     return dict(yaml.safe_load((EXAMPLES / name).read_text())["spec"])
+
+
+def pipeline_spec(**pipeline: Any) -> dict[str, Any]:
+    """Inception V3 behind its image pipeline, with images small enough for raw_spec's memory limit."""
+    return raw_spec(
+        model=specs.CLASSIFIER, pipeline={"maxImageBytes": "256Ki", "maxImagePixels": 1_000_000, **pipeline}
+    )
 
 
 def make_service(raw: dict[str, Any], name: str = "conv-net", uid: str = UID) -> Service:
@@ -502,7 +510,8 @@ class TestLayoutScript:
         script = re.sub("|".join(map(re.escape, places)), lambda m: str(places[m.group()]), layout_script(service))
         assert "/etc/inferop" not in script and "/mnt/model-source" not in script
         (root / "config").mkdir(exist_ok=True)
-        (root / "config" / "config.pbtxt").write_text(build_config_map(service)["data"]["config.pbtxt"])
+        for key, text in build_config_map(service)["data"].items():
+            (root / "config" / key).write_text(text)
         (root / "models").mkdir(exist_ok=True)
         return subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30, check=False)
 
@@ -542,7 +551,7 @@ class TestLayoutScript:
         assert (model / "1").is_symlink()
         assert (model / "1" / "model.onnx").read_bytes() == files["1/model.onnx"]
         assert (model / "labels.txt").read_bytes() == files["labels.txt"]
-        assert (model / "config.pbtxt").read_text() == service.config_text
+        assert (model / "config.pbtxt").read_text() == service.config_files[CONFIG_KEY]
         assert parse_model_config((model / "config.pbtxt").read_text()).name == "conv_net"
         assert self.snapshot(root / "source") == files  # the user's storage is untouched
 
@@ -553,7 +562,7 @@ class TestLayoutScript:
         assert self.run(service, root).returncode == 0
         again = self.run(service, root)
         assert again.returncode == 0, again.stderr
-        assert (root / "models" / "conv_net" / "config.pbtxt").read_text() == service.config_text
+        assert (root / "models" / "conv_net" / "config.pbtxt").read_text() == service.config_files[CONFIG_KEY]
 
     def test_no_version_directory_fails_clearly(self, root: Path) -> None:
         self.model_source(root, version=False)
@@ -571,6 +580,33 @@ class TestLayoutScript:
         raw["model"]["name"] = "inception_v3"
         assert f"dst={MODEL_REPOSITORY}/inception_v3" in layout_script(make_service(raw))
 
+    def test_a_pipeline_lays_out_each_member_beside_the_model_with_its_labels(self, root: Path) -> None:
+        service = make_service(pipeline_spec())
+        files = self.model_source(root)
+        result = self.run(service, root)
+        assert result.returncode == 0, result.stderr
+        models = root / "models"
+        members = ["inception_v3", "inception_v3_model", "inception_v3_post", "inception_v3_pre"]
+        assert sorted(p.name for p in models.iterdir()) == members
+        data = build_config_map(service)["data"]
+        for member in members:
+            config = parse_model_config((models / member / "config.pbtxt").read_text())
+            assert config.name == member, member
+            key = CONFIG_KEY if member == "inception_v3_model" else f"{member}.pbtxt"
+            assert (models / member / "config.pbtxt").read_text() == data[key]
+            assert (models / member / "1").is_dir()
+        assert (models / "inception_v3_model" / "1" / "model.onnx").read_bytes() == files["1/model.onnx"]
+        assert (models / "inception_v3_post" / "labels.txt").read_bytes() == files["labels.txt"]
+        assert self.run(service, root).returncode == 0  # a restarted pod lays it out again
+
+    def test_a_pipeline_without_its_labels_fails_clearly(self, root: Path) -> None:
+        self.model_source(root)
+        (root / "source").chmod(0o755)
+        (root / "source" / "labels.txt").unlink()
+        result = self.run(make_service(pipeline_spec()), root)
+        assert result.returncode != 0
+        assert f"no labels file labels.txt in {root / 'source'}" in result.stderr
+
 
 class TestConfigMap:
     @staticmethod
@@ -580,6 +616,25 @@ class TestConfigMap:
         assert config_map["metadata"]["name"] == "conv-net-config"
         assert list(config_map["data"]) == ["config.pbtxt"]
         return service, parse_model_config(config_map["data"]["config.pbtxt"])
+
+    def test_a_pipeline_carries_each_member_s_config_and_its_hash_all_of_them(self) -> None:
+        service = make_service(pipeline_spec())
+        data = build_config_map(service)["data"]
+        assert sorted(data) == [
+            "config.pbtxt",
+            "inception_v3.pbtxt",
+            "inception_v3_post.pbtxt",
+            "inception_v3_pre.pbtxt",
+        ]
+        model, pre = parse_model_config(data["config.pbtxt"]), parse_model_config(data["inception_v3_pre.pbtxt"])
+        assert model.name == "inception_v3_model" and model.platform == "onnxruntime_onnx"
+        assert service.plan.stages is not None
+        assert pre.instance_group[0].count == service.plan.stages.pre_instances
+        ensemble = parse_model_config(data["inception_v3.pbtxt"])
+        assert [step.model_name for step in ensemble.ensemble_scheduling.step] == [
+            "inception_v3_pre", "inception_v3_model", "inception_v3_post"
+        ]  # fmt: skip
+        assert make_service(pipeline_spec(topK=3)).config_hash != service.config_hash  # pods restart on any member
 
     @pytest.mark.parametrize("raw", SPEC_PARAMS)
     def test_carries_the_planned_config(self, raw: dict[str, Any]) -> None:

@@ -108,6 +108,7 @@ class FakeTriton:
         self.live_status = 200
         self.executions, self.pending, self.rejected, self.other_failures = 10, 0, 0, 0
         self.reason_labels = True
+        self.others: dict[str, tuple[int, int]] = {}  # other models of the server: executions, pending
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -129,25 +130,25 @@ class FakeTriton:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def metrics(self) -> str:
-        labels = 'model="m",version="1"'
+        lines = self.model_metrics('model="m",version="1"', self.executions, self.pending, self.rejected)
+        for name, (executions, pending) in self.others.items():
+            lines += self.model_metrics(f'model="{name}",version="1"', executions, pending, 0)
+        return "\n".join(["# HELP nv_inference_exec_count Number of model executions performed", *lines, ""])
+
+    def model_metrics(self, labels: str, executions: int, pending: int, rejected: int) -> list[str]:
         if self.reason_labels:
             failures = [
                 f'nv_inference_request_failure{{{labels},reason="{reason}"}} {count}'
-                for reason, count in (("REJECTED", self.rejected), ("BACKEND", self.other_failures))
+                for reason, count in (("REJECTED", rejected), ("BACKEND", self.other_failures))
             ]
         else:  # Triton before the reason label
-            failures = [f"nv_inference_request_failure{{{labels}}} {self.rejected + self.other_failures}"]
-        return "\n".join(
-            [
-                "# HELP nv_inference_exec_count Number of model executions performed",
-                "# TYPE nv_inference_exec_count counter",
-                f"nv_inference_exec_count{{{labels}}} {self.executions}",
-                f"nv_inference_pending_request_count{{{labels}}} {self.pending}",
-                *failures,
-                f"nv_inference_request_success{{{labels}}} {self.executions * 3}",
-                "",
-            ]
-        )
+            failures = [f"nv_inference_request_failure{{{labels}}} {rejected + self.other_failures}"]
+        return [
+            f"nv_inference_exec_count{{{labels}}} {executions}",
+            f"nv_inference_pending_request_count{{{labels}}} {pending}",
+            *failures,
+            f"nv_inference_request_success{{{labels}}} {executions * 3}",
+        ]
 
 
 @pytest.fixture
@@ -179,7 +180,7 @@ class TestProbeCommand:
         state = tmp_path / "state.json"
         assert run_probe(fake, state) == (True, "")
         assert sorted(os.listdir(tmp_path)) == ["state.json"]  # nothing else written, anywhere it runs from
-        assert json.loads(state.read_text())["executions"] == 10
+        assert json.loads(state.read_text())["models"]["m"]["executions"] == 10
 
     def test_executions_completing_pass_however_many_wait(self, fake: FakeTriton, tmp_path: Path) -> None:
         state = tmp_path / "state.json"
@@ -195,11 +196,26 @@ class TestProbeCommand:
         fake.pending = 7
         ok, output = run_probe(fake, state)
         assert not ok
-        assert "no model execution completed" in output
+        assert "no execution of model m completed" in output
         assert "7 pending" in output
         assert not run_probe(fake, state)[0]  # and again, each period it stays so: the kubelet counts them
         fake.executions += 1
         assert run_probe(fake, state)[0]
+
+    def test_a_model_stalled_behind_a_busy_one_fails(self, fake: FakeTriton, tmp_path: Path) -> None:
+        """An image pipeline: its decoding stage goes on completing requests, which then wait for the hung model."""
+        state = tmp_path / "state.json"
+        fake.others["m_pre"] = (100, 0)
+        run_probe(fake, state)
+        fake.others["m_pre"], fake.pending = (140, 2), 40
+        ok, output = run_probe(fake, state)
+        assert (ok, output.startswith("no execution of model m completed")) == (False, True), output
+        fake.executions, fake.others["m_pre"] = fake.executions + 1, (180, 2)
+        assert run_probe(fake, state)[0]
+        fake.others["m_pre"] = (180, 3)  # now the stage stalls, the model working
+        fake.executions += 1
+        ok, output = run_probe(fake, state)
+        assert (ok, output.startswith("no execution of model m_pre completed")) == (False, True), output
 
     def test_no_execution_while_requests_time_out_fails(self, fake: FakeTriton, tmp_path: Path) -> None:
         """With a queue timeout the pending gauge drains at each expiry: the timed-out requests still waited."""

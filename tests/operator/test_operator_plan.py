@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
-from inferop_core.memory import CONTAINER_RUNTIME, GPU_RUNTIME, RuntimeCosts
+from inferop_core.memory import CONTAINER_RUNTIME, GPU_RUNTIME, RuntimeCosts, stage_bytes
 from inferop_core.quantity import format_bytes, parse_quantity
 from inferop_core.tritonconfig import parse_model_config, render_model_config
 from inferop_operator.plan import MEMORY_MARGIN, Plan, Refusal, memory_limit, plan_service
@@ -287,6 +287,7 @@ def suggested_fixes(message: str) -> list[tuple[str, str]]:
         "instances": r"instances <= (\d+)",
         "memory": r"at least (\S+) of memory",
         "gpu.memory": r"at least (\S+) of GPU memory",
+        "pipeline.maxImageBytes": r"pipeline\.maxImageBytes <= (\d+Mi)",
     }
     fixes = []
     for text in message.split(". Fix: ", 1)[1].split(" or "):
@@ -762,3 +763,24 @@ class TestPipeline:
     def test_without_a_pipeline_nothing_changes(self) -> None:
         planned = plan(raw_spec(model=CLASSIFIER, resources={"limits": {"cpu": "4"}}))
         assert (planned.stages, planned.pipeline, planned.threads.cpus) == (None, None, 4)
+
+    def test_the_memory_fit_counts_the_stages_and_says_how_small_the_images_must_be(self) -> None:
+        """Each stage a process, each decoding instance the largest picture, every request in the pipeline the
+        largest image (inferop_core.memory.stage_bytes); a limit that holds the model alone is refused with the
+        largest maxImageBytes that fits."""
+        spec = self.pipeline_spec("2", imagesPerCpuSecond=100, maxImageBytes="4Mi", maxImagePixels=1_000_000)
+        planned = plan(spec)
+        assert planned.stages is not None and planned.memory.estimate.stages == stage_bytes(
+            planned.stages.pre_instances, 1, 1_000_000, 4 * 2**20, planned.queue.size,
+            planned.threads.instances * planned.serving.max_batch_size, CONTAINER_RUNTIME,
+        )  # fmt: skip
+        assert " pipeline stages = " in planned.memory.explain()
+        alone = plan(raw_spec(model=CLASSIFIER, resources={"limits": {"cpu": "2"}})).memory.needed_bytes
+        limit = alone + 2 * (planned.memory.needed_bytes - alone) // 3
+        refused = refusal({**spec, "resources": {"limits": {"cpu": "2", "memory": str(limit)}}})
+        assert refused.condition == "MemoryFit"
+        (fix,) = [value for field, value in suggested_fixes(refused.message) if field == "pipeline.maxImageBytes"]
+        mib = int(fix.removesuffix("Mi"))
+        assert 1 <= mib < 4
+        smaller = {**spec["pipeline"], "maxImageBytes": fix}
+        assert plan({**spec, "pipeline": smaller, "resources": {"limits": {"cpu": "2", "memory": str(limit)}}})

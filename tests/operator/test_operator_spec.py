@@ -338,7 +338,7 @@ class TestPipeline:
     def test_defaults_and_the_members_config(self) -> None:
         spec = parse_spec(raw_spec(model=CLASSIFIER, pipeline={}))
         assert spec.pipeline is not None
-        assert (spec.pipeline.top_k, spec.pipeline.max_image_bytes_count) == (5, 16 * 2**20)
+        assert (spec.pipeline.top_k, spec.pipeline.max_image_bytes_count) == (5, 8 * 2**20)
         model = spec.serving_config(plan_threads(2, None), 40)
         pipeline = spec.pipeline_config(model, pre_instances=2)
         assert pipeline is not None and pipeline.name == "inception_v3"

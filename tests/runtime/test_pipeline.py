@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,3 +153,47 @@ def test_the_stage_refuses_by_the_spec_s_defaults() -> None:
         tritonconfig.DEFAULT_MAX_IMAGE_BYTES,
         tritonconfig.DEFAULT_MAX_IMAGE_PIXELS,
     )
+
+
+# A fresh interpreter decodes the file named by argv[1] into Inception V3's tensor and prints its peak resident rise:
+# the kernel's high-water mark, reset (clear_refs 5) once the imports' own peak is behind and a small picture is done.
+PEAK_SCRIPT = """
+import io, sys
+from PIL import Image
+from inferop.serving.pipeline import image_tensor
+def kib(field):
+    return int(next(line for line in open("/proc/self/status") if line.startswith(field)).split()[1])
+warm = io.BytesIO()
+Image.new("RGB", (8, 8)).save(warm, "PNG")
+image_tensor(warm.getvalue(), 299, 342 / 299, [0.5] * 3, [0.25] * 3)  # what one picture loads, the stage has loaded
+data = open(sys.argv[1], "rb").read()
+with open("/proc/self/clear_refs", "w") as refs:
+    refs.write("5")
+before = kib("VmRSS:")
+image_tensor(data, 299, 342 / 299, [0.5] * 3, [0.25] * 3, 2**30, 10**9)
+print((kib("VmHWM:") - before) * 1024)
+"""
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "I;16", "RGB"])
+def test_a_decoded_picture_takes_no_more_memory_than_the_estimate_counts(mode: str, tmp_path: Path) -> None:
+    """The memory fit counts DECODED_BYTES_PER_PIXEL for each pixel a decoding instance may take in (its worst
+    pictures: transparent and 16-bit PNGs); a copy of the pixels more than the decode needs breaks it."""
+    from inferop_core.memory import DECODED_BYTES_PER_PIXEL
+
+    height, width = 1500, 2400
+    y, x = np.mgrid[0:height, 0:width]
+    smooth = ((x * 5 + y * 11) % 256).astype(np.uint8)  # compresses: a small file of many pixels
+    planes = {"RGBA": 4, "RGB": 3}
+    if mode == "I;16":
+        picture = Image.fromarray(smooth.astype(np.uint16) * 257)
+    else:
+        picture = Image.fromarray(np.stack([(smooth + 60 * i) % 256 for i in range(planes[mode])], -1).astype(np.uint8))
+    assert picture.mode == mode
+    path = tmp_path / "picture.png"
+    picture.save(path)
+    run = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(path)], capture_output=True, text=True, check=True)
+    rise = int(run.stdout)
+    assert rise <= DECODED_BYTES_PER_PIXEL * height * width, f"{rise / (height * width):.2f} bytes a pixel"
+    if mode != "RGB":  # the worst pictures are what the constant is for: it stays close to them
+        assert rise >= 0.85 * DECODED_BYTES_PER_PIXEL * height * width, f"{rise / (height * width):.2f} bytes a pixel"

