@@ -4,6 +4,8 @@ refused with a 400 that names the problem, the other callers answered."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -46,3 +48,59 @@ def test_bytes_that_are_no_image_get_a_400_that_names_the_problem(served_pipelin
         assert raised.value.status() == "400" and words in raised.value.message(), (words, str(raised.value))
     # and the next caller is answered
     assert ask(served_pipeline["url"], "inception_v3", photo)[0] == pipeline_in_process(served_pipeline, photo)[0]
+
+
+def mutated(photo: bytes, rng: np.random.Generator) -> bytes:
+    """A JPEG damaged as files on the way are: bytes flipped (in the headers or the coded data), cut short, a run
+    of bytes inserted or dropped, a segment repeated."""
+    data = bytearray(photo)
+    kind = rng.integers(6)
+    if kind == 0:  # a few bytes anywhere
+        for at in rng.integers(len(data), size=rng.integers(1, 8)):
+            data[at] = int(rng.integers(256))
+    elif kind == 1:  # the headers: sizes, tables, markers
+        for at in rng.integers(min(len(data), 700), size=rng.integers(1, 4)):
+            data[at] = int(rng.integers(256))
+    elif kind == 2:
+        del data[int(rng.integers(2, len(data))) :]
+    elif kind == 3:
+        at = int(rng.integers(len(data)))
+        data[at:at] = rng.integers(256, size=int(rng.integers(1, 64)), dtype=np.uint8).tobytes()
+    elif kind == 4:
+        at = int(rng.integers(len(data) - 64))
+        del data[at : at + int(rng.integers(1, 64))]
+    else:
+        at = int(rng.integers(len(data) - 256))
+        data[at:at] = data[at : at + 256]
+    return bytes(data)
+
+
+def test_a_thousand_mutated_jpegs_among_good_ones_get_answers_or_400s_and_the_good_ones_their_labels(
+    served_pipeline: dict[str, Any], measured: Callable[[str], None]
+) -> None:
+    """Four callers at once; no 500, no crash; every good photograph answered with the labels of decoding and the model
+    in process. A mutated file that still decodes is a picture like any other: it gets labels."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tritonclient.utils import InferenceServerException
+
+    url = served_pipeline["url"]
+    photo = encodings(photographs()["coffee"])["jpeg75x0.5"]
+    expected = pipeline_in_process(served_pipeline, photo)[0]
+    rng = np.random.default_rng(42)
+    sent = [photo if i % 10 == 0 else mutated(photo, rng) for i in range(1_100)]
+
+    def outcome(data: bytes) -> tuple[str, list[str] | str]:
+        try:
+            return "answered", ask(url, "inception_v3", data)[0]
+        except InferenceServerException as error:
+            return str(error.status()), str(error.message())
+
+    with ThreadPoolExecutor(max_workers=4) as callers:
+        outcomes = list(callers.map(outcome, sent))
+    statuses = Counter(status for status, _ in outcomes)
+    assert set(statuses) <= {"answered", "400"}, [o for o in outcomes if o[0] not in ("answered", "400")][:5]
+    good = [answer for _, answer in outcomes[::10]]
+    assert len(good) == 110 and all(answer == expected for answer in good), Counter(map(str, good))
+    assert ask(url, "inception_v3", photo)[0] == expected  # the server lives on
+    measured(f"1,000 mutated JPEGs and 110 good ones, 4 callers: {dict(statuses)}")
