@@ -10,8 +10,10 @@ extension), so nothing on the callers' path is involved. numpy is imported here 
 from __future__ import annotations
 
 import json
+import struct
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 from inferop_core.errors import InferopError
 from inferop_core.gate import Gate, near_tie_epsilon
 from inferop_core.objectstore import sha256_file
+from inferop_core.processing import Processing
 from inferop_core.sequential import AgreementTest
-from inferop_core.tritonconfig import VALIDATION_FILENAME
+from inferop_core.tritonconfig import IMAGE_INPUT, LABELS_OUTPUT, PROBABILITIES_OUTPUT, VALIDATION_FILENAME
 from inferop_operator.spec import Agreement, InferenceServiceSpec, agreement_gate
 
 if TYPE_CHECKING:
@@ -39,6 +42,35 @@ class AgreementError(InferopError, RuntimeError):
     """The check could not be run (a pod that does not answer, models whose inputs differ); the message says why."""
 
 
+def serialized(array: np.ndarray[Any, Any]) -> tuple[str, bytes]:
+    """A tensor's datatype and bytes in Triton's binary tensor data extension: numbers as they lie in memory; an
+    array of bytes objects (BYTES) as each element's length (4 bytes, little-endian) and its bytes."""
+    import numpy as np
+
+    from inferop_core.agreement import NUMPY_TYPES
+
+    if array.dtype == np.object_:
+        return "BYTES", b"".join(struct.pack("<I", len(item)) + bytes(item) for item in array.reshape(-1))
+    datatypes = {np.dtype(t): name for name, t in NUMPY_TYPES.items()}
+    return datatypes[array.dtype], np.ascontiguousarray(array).tobytes()
+
+
+def deserialized(datatype: str, data: bytes, shape: list[int]) -> np.ndarray[Any, Any]:
+    """`serialized`'s inverse."""
+    import numpy as np
+
+    from inferop_core.agreement import NUMPY_TYPES
+
+    if datatype != "BYTES":
+        return np.frombuffer(data, dtype=NUMPY_TYPES[datatype]).reshape(shape)
+    items, offset = [], 0
+    while offset < len(data):
+        (length,) = struct.unpack_from("<I", data, offset)
+        items.append(data[offset + 4 : offset + 4 + length])
+        offset += 4 + length
+    return np.array(items, dtype=np.object_).reshape(shape)
+
+
 def infer(
     url: str, model: str, inputs: Mapping[str, np.ndarray[Any, Any]], outputs: list[str]
 ) -> dict[str, np.ndarray[Any, Any]]:
@@ -47,24 +79,23 @@ def infer(
 
     from inferop_core.agreement import NUMPY_TYPES
 
-    datatypes = {np.dtype(t): name for name, t in NUMPY_TYPES.items()}
-    blobs = [np.ascontiguousarray(array).tobytes() for array in inputs.values()]
+    encoded = {name: serialized(array) for name, array in inputs.items()}
     header = {
         "inputs": [
             {
                 "name": name,
                 "shape": list(array.shape),
-                "datatype": datatypes[array.dtype],
-                "parameters": {"binary_data_size": len(blob)},
+                "datatype": encoded[name][0],
+                "parameters": {"binary_data_size": len(encoded[name][1])},
             }
-            for (name, array), blob in zip(inputs.items(), blobs, strict=True)
+            for name, array in inputs.items()
         ],
         "outputs": [{"name": name, "parameters": {"binary_data": True}} for name in outputs],
     }
     head = json.dumps(header).encode()
     request = urllib.request.Request(
         f"{url.rstrip('/')}/v2/models/{model}/infer",
-        data=head + b"".join(blobs),
+        data=head + b"".join(blob for _, blob in encoded.values()),
         headers={HEADER_LENGTH: str(len(head)), "Content-Type": "application/octet-stream"},
         method="POST",
     )
@@ -79,14 +110,13 @@ def infer(
     answer: dict[str, Any] = json.loads(body[:length])
     found, offset = {}, length
     for output in answer.get("outputs", []):
-        dtype = NUMPY_TYPES[output["datatype"]]
         size = int((output.get("parameters") or {}).get("binary_data_size", 0))
         if size:
-            data = np.frombuffer(body[offset : offset + size], dtype=dtype)
+            found[output["name"]] = deserialized(output["datatype"], body[offset : offset + size], output["shape"])
             offset += size
-        else:
-            data = np.asarray(output.get("data", []), dtype=dtype)
-        found[output["name"]] = data.reshape(output["shape"])
+        else:  # asked for binary data, a server may still answer in JSON
+            dtype = np.object_ if output["datatype"] == "BYTES" else NUMPY_TYPES[output["datatype"]]
+            found[output["name"]] = np.asarray(output.get("data", []), dtype=dtype).reshape(output["shape"])
     return found
 
 
@@ -114,7 +144,10 @@ def design(spec: InferenceServiceSpec) -> Design:
     datatypes = {t.name: t.datatype for t in spec.model.outputs}
     epsilon = {name: settings.near_tie_epsilon or near_tie_epsilon(datatypes[name]) for name in gate.top1}
     test = settings.test(len(gate.top1) + len(gate.max_abs_diff))
-    return Design(gate, test, epsilon, validation_source(spec)[1])
+    inputs = validation_source(spec)[1]
+    if spec.pipeline is not None:
+        inputs = f"pictures sent as PNG through the pipeline, made from {inputs}"
+    return Design(gate, test, epsilon, inputs)
 
 
 def validation_source(spec: InferenceServiceSpec) -> tuple[Path | None, str]:
@@ -169,11 +202,62 @@ def agreement_inputs(
         yield "generated", count, feeds
 
 
+def png(pixels: np.ndarray[Any, Any]) -> bytes:
+    """An 8-bit RGB PNG of `pixels` (height, width, 3), written with the standard library (the operator's image has
+    no image library): unfiltered rows in one compressed chunk."""
+    height, width, _ = pixels.shape
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\0" + row.tobytes() for row in pixels.astype("uint8"))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8 bits, RGB, deflate, no filter, no interlace
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def pictures(processing: Processing, tensors: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The pictures a batch of an image classifier's inputs (N, 3, S, S, normalised as `processing` declares) show,
+    as PNG bytes, one a request (N, 1): what the pipeline's IMAGE takes."""
+    import numpy as np
+
+    mean = np.asarray(processing.mean, dtype=np.float64).reshape(-1, 1, 1)
+    std = np.asarray(processing.std, dtype=np.float64).reshape(-1, 1, 1)
+    rgb = np.clip(np.rint((tensors * std + mean) * 255.0), 0, 255).astype(np.uint8).transpose(0, 2, 3, 1)
+    return np.array([[png(picture)] for picture in rgb], dtype=np.object_)
+
+
+class LabelScores:
+    """A pipeline's answers (each picture's top labels and their probabilities) as scores over the model's classes,
+    each label in the column where it was first seen, every class not in the top ones at 0: the sequential test's
+    top-1 comparison and near ties read them as they read a model's scores."""
+
+    def __init__(self, classes: int) -> None:
+        self.classes = classes
+        self.columns: dict[bytes, int] = {}
+
+    def __call__(self, answer: Mapping[str, np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+        import numpy as np
+
+        labels, probabilities = (np.atleast_2d(answer[name]) for name in (LABELS_OUTPUT, PROBABILITIES_OUTPUT))
+        scores = np.zeros((len(labels), self.classes), dtype=np.float32)
+        for row, (names, values) in enumerate(zip(labels, probabilities, strict=True)):
+            for name, value in zip(names, values, strict=True):
+                column = self.columns.setdefault(bytes(name), len(self.columns))
+                if column >= self.classes:
+                    raise AgreementError(
+                        f"the revisions answer more labels than the model's {self.classes} classes: their labels "
+                        "files differ, and their answers cannot be compared"
+                    )
+                scores[row, column] = value
+        return scores
+
+
 def compare_revisions(
     stable_url: str, candidate_url: str, stable: InferenceServiceSpec, candidate: InferenceServiceSpec
 ) -> AgreementResult:
     """Both pods on the same inputs, batch after batch, until the sequential test has decided every output the
-    candidate's gate judges (or a refusal). Models whose tensors differ cannot agree: that is an error."""
+    candidate's gate judges (or a refusal). Models whose tensors differ cannot agree: that is an error. Behind an
+    image pipeline both answer pictures, and their top labels are compared."""
     from inferop_core.agreement import run_check
 
     model = candidate.model
@@ -184,16 +268,35 @@ def compare_revisions(
             f"the candidate serves model {model.name!r} with tensors {signature}, the stable revision "
             f"{stable.model.name!r} with {theirs}: callers of one cannot call the other"
         )
+    if (candidate.pipeline is None) != (stable.pipeline is None):
+        served = "an image pipeline" if candidate.pipeline is not None else "the model's tensors"
+        raise AgreementError(f"the candidate serves {served}, the stable revision does not: callers of one cannot "
+                             "call the other")  # fmt: skip
     planned = design(candidate)
     batch = min(candidate.batching.max_batch_size, stable.batching.max_batch_size)
     names = [t.name for t in model.outputs]
     # Near ties are not counted by the test: room for them past its most inputs, then undecided is refused.
     limit = 2 * planned.test.test.max_samples
 
+    def ask(url: str, feeds: dict[str, Any]) -> dict[str, Any]:
+        if candidate.pipeline is None:
+            return infer(url, model.name, feeds, names)
+        assert model.processing is not None  # a pipeline wraps an image classifier (InferenceServiceSpec._pipeline)
+        tensors = feeds[model.inputs[0].name]
+        images = pictures(model.processing, tensors if batch else tensors[None])
+        return infer(
+            url, model.name, {IMAGE_INPUT: images if batch else images[0]}, [LABELS_OUTPUT, PROBABILITIES_OUTPUT]
+        )
+
+    scores = LabelScores(model.outputs[0].dims[0])
+
+    def read(answer: dict[str, Any]) -> dict[str, Any]:
+        return answer if candidate.pipeline is None else {names[0]: scores(answer)}
+
     def answers(pool: ThreadPoolExecutor) -> Iterator[tuple[str, int, Any, Any]]:
         for origin, count, feeds in agreement_inputs(candidate, batch, limit):
-            asked = [pool.submit(infer, url, model.name, feeds, names) for url in (stable_url, candidate_url)]
-            yield origin, count, asked[0].result(), asked[1].result()
+            asked = [pool.submit(ask, url, feeds) for url in (stable_url, candidate_url)]
+            yield origin, count, read(asked[0].result()), read(asked[1].result())
 
     with ThreadPoolExecutor(max_workers=2) as pool:  # both pods answer each batch at once
         return run_check(planned.gate, planned.test, planned.epsilon, answers(pool))

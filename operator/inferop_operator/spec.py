@@ -1011,9 +1011,10 @@ class InferenceServiceSpec(Serving):
 
 def agreement_gate(spec: InferenceServiceSpec) -> Gate:
     """How a rollout's agreement check judges the candidate's outputs: as the model's processing implies, with
-    spec.rollout.agreement's threshold and largest difference."""
+    spec.rollout.agreement's threshold and largest difference. Behind a pipeline callers read the top labels of the
+    first output only, and the check judges what they read: its top-1 class."""
     settings = spec.rollout.agreement if spec.rollout is not None else Agreement()
-    outputs = [t.as_tensor_spec() for t in spec.model.outputs]
+    outputs = [t.as_tensor_spec() for t in spec.model.outputs][: 1 if spec.pipeline is not None else None]
     return default_gate(spec.model.processing, outputs, settings.min_agreement, settings.max_abs_difference)
 
 

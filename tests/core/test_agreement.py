@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -166,3 +167,57 @@ class TestAgreementInputs:
             list(agreement_inputs(spec, batch=4, limit=14))
         elsewhere = parse_spec({**raw, "model": {**raw["model"], "storageUri": "pvc://models/conv_net"}})
         assert "pvc:// storage, which the operator does not read" in design(elsewhere).inputs
+
+
+class TestPipelineAnswers:
+    """Behind an image pipeline the check sends pictures and compares the top labels callers read."""
+
+    def test_pictures_are_pngs_of_what_the_inputs_show(self) -> None:
+        from PIL import Image
+
+        from inferop_operator.agreement import pictures
+
+        processing = Processing(
+            kind="imageClassification", resizeRatio=1.14, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)
+        )
+        rgb = np.random.default_rng(3).integers(0, 256, size=(2, 5, 4, 3)).astype(np.uint8)
+        mean, std = np.array(processing.mean).reshape(-1, 1, 1), np.array(processing.std).reshape(-1, 1, 1)
+        tensors = ((rgb.transpose(0, 3, 1, 2) / 255.0 - mean) / std).astype(np.float32)
+        images = pictures(processing, tensors)
+        assert images.shape == (2, 1)
+        for picture, data in zip(rgb, images[:, 0], strict=True):
+            decoded = Image.open(io.BytesIO(data))
+            assert (decoded.format, decoded.mode) == ("PNG", "RGB")
+            np.testing.assert_array_equal(np.asarray(decoded), picture)
+
+    def test_bytes_tensors_round_trip_the_binary_extension(self) -> None:
+        from inferop_operator.agreement import deserialized, serialized
+
+        images = np.array([[b"\x89PNG one"], [b""], [b"three \x00 bytes"]], dtype=np.object_)
+        datatype, data = serialized(images)
+        assert datatype == "BYTES" and data[:4] == (8).to_bytes(4, "little")
+        np.testing.assert_array_equal(deserialized(datatype, data, [3, 1]), images)
+
+    def test_top_labels_become_scores_whose_top_one_is_the_first_label(self) -> None:
+        from inferop_operator.agreement import AgreementError, LabelScores
+
+        scores = LabelScores(classes=4)
+
+        def answer(*rows: tuple[list[bytes], list[float]]) -> dict[str, np.ndarray]:
+            labels = np.array([names for names, _ in rows], dtype=np.object_)
+            return {"LABELS": labels, "PROBABILITIES": np.array([p for _, p in rows], dtype=np.float32)}
+
+        stable = scores(answer(([b"cat", b"dog"], [0.7, 0.2]), ([b"dog", b"cat"], [0.5, 0.4])))
+        candidate = scores(answer(([b"cat", b"fox"], [0.6, 0.3]), ([b"cat", b"dog"], [0.45, 0.44])))
+        assert np.argmax(stable, axis=1).tolist() == [0, 1] and np.argmax(candidate, axis=1).tolist() == [0, 0]
+        assert stable[1].tolist() == pytest.approx([0.4, 0.5, 0.0, 0.0])  # near ties read off the same margins
+        with pytest.raises(AgreementError, match="labels files differ"):
+            scores(answer(([b"owl", b"bat"], [0.5, 0.1])))
+
+    def test_the_gate_judges_the_top_one_label_of_pictures(self) -> None:
+        from inferop_operator.agreement import design
+        from tests.specs import CLASSIFIER, raw_spec
+
+        planned = design(parse_spec(raw_spec(model=CLASSIFIER, pipeline={}, rollout={})))
+        assert (planned.gate.top1, planned.gate.max_abs_diff) == (("logits",), {})
+        assert planned.inputs.startswith("pictures sent as PNG through the pipeline, made from generated")

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from inferop_export.pipeline import PHOTOGRAPHS, ask, encodings, photographs
-from tests.helpers import PIPELINE_MAX_IMAGE_BYTES, pipeline_in_process, png_declaring
+from tests.helpers import PIPELINE_MAX_IMAGE_BYTES, ExportedRepo, pipeline_in_process, png_declaring, serving
 
 pytestmark = pytest.mark.integration
 
@@ -104,3 +105,31 @@ def test_a_thousand_mutated_jpegs_among_good_ones_get_answers_or_400s_and_the_go
     assert len(good) == 110 and all(answer == expected for answer in good), Counter(map(str, good))
     assert ask(url, "inception_v3", photo)[0] == expected  # the server lives on
     measured(f"1,000 mutated JPEGs and 110 good ones, 4 callers: {dict(statuses)}")
+
+
+def test_the_rollout_s_agreement_check_compares_the_pipelines_top_labels(
+    served_pipeline: dict[str, Any], model_repo: ExportedRepo, measured: Callable[[str], None], tmp_path: Path
+) -> None:
+    """Both revisions behind their pipeline: pictures in as PNG, the top-1 labels compared. The same pipeline (here
+    one server twice) agrees; one whose decoding stage resizes otherwise (the whole short side to 299, not 342) is
+    refused; a revision serving tensors cannot be compared with one serving pictures."""
+    from inferop.serving.localrepo import write_pipeline_repo
+    from inferop_operator.agreement import AgreementError, compare_revisions
+    from inferop_operator.spec import parse_spec
+
+    raw = model_repo.reports["inception_v3"].spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    rollout = {"agreement": {"minAgreement": 0.9, "tolerance": 0.2}}
+    spec = parse_spec({**raw, "pipeline": {"topK": 5}, "rollout": rollout})
+    url = f"http://{served_pipeline['url']}"
+    result = compare_revisions(url, url, spec, spec)
+    assert result.passed and result.outputs[0].share == 1.0, result.describe()
+    measured(f"agreement on the pipeline's answers: {result.describe()}")
+    config = served_pipeline["config"]
+    processing = config.model.processing.model_copy(update={"resize_ratio": 1.0})
+    other = config.model_copy(update={"model": config.model.model_copy(update={"processing": processing})})
+    with serving(write_pipeline_repo(other, model_repo.path / "inception_v3", tmp_path / "repo")) as resized:
+        refused = compare_revisions(url, f"http://{resized}", spec, spec)
+    assert not refused.passed and refused.outputs[0].share < 0.5, refused.describe()
+    measured(f"against a pipeline resizing otherwise: {refused.describe()}")
+    with pytest.raises(AgreementError, match="the candidate serves an image pipeline, the stable revision does not"):
+        compare_revisions(url, url, parse_spec({**raw, "rollout": rollout}), spec)
