@@ -179,14 +179,11 @@ class WebhookReceiver:
 
 def png_declaring(width: int, height: int) -> bytes:
     """A PNG of a few dozen bytes whose header declares `width` x `height` pixels: a decompression bomb."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    from inferop_operator.agreement import PNG_SIGNATURE, png_chunk
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
-    )
+    chunks = png_chunk(b"IHDR", header) + png_chunk(b"IDAT", zlib.compress(b"\0" * 64)) + png_chunk(b"IEND", b"")
+    return PNG_SIGNATURE + chunks
 
 
 # What Inception declares: torchvision's ImageNet preprocessing (inferop_export.networks.inception_v3.PROCESSING).

@@ -11,8 +11,10 @@ busy instance and nothing to wake it; where the budget does not hold both instan
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from inferop_core.errors import InferopError
@@ -101,8 +103,12 @@ def plan_threads(
     )
 
 
-def check_budget(plan: ThreadPlan, allow_oversubscription: bool = False) -> ThreadPlan:
-    """Return `plan` if it fits its CPUs (or oversubscription is explicitly allowed), else raise with fixes."""
+def check_budget(
+    plan: ThreadPlan, allow_oversubscription: bool = False, model_cpus: Callable[[int], float] | None = None
+) -> ThreadPlan:
+    """Return `plan` if it fits its CPUs (or oversubscription is explicitly allowed), else raise with fixes.
+    `model_cpus` gives the CPUs the threads get at a pod's CPU limit, where some are set aside (an image pipeline's
+    stages); by default all of them."""
     if plan.oversubscribed and not allow_oversubscription:
         fitting = plan_threads(plan.cpus, plan.instances)
         fixes = []
@@ -114,10 +120,14 @@ def check_budget(plan: ThreadPlan, allow_oversubscription: bool = False) -> Thre
         if most is not None:
             fixes.append(f"lower instances to {most.instances}")
         # The same re-planning for more CPUs: the smallest limit at which the threads as asked fit.
-        limits = range(plan.cpu_slots + 1, max(plan.threads, plan.instances * plan.inter_op) + 1)
-        enough = next(c for c in limits if not plan_threads(c, plan.instances, *plan.requested).oversubscribed)
+        threads_at = model_cpus or float
+        limits = itertools.count(plan.cpu_slots + 1)
+        enough = next(
+            c for c in limits if not plan_threads(threads_at(c), plan.instances, *plan.requested).oversubscribed
+        )
+        kept = f" ({format_cpus(enough - threads_at(enough))} of them for the pipeline's stages)" if model_cpus else ""
         fixes += [
-            f"raise the CPU limit to {enough}",
+            f"raise the CPU limit to {enough}{kept}",
             "set threads.allowOversubscription=true to accept the slowdown",
         ]
         raise OversubscribedError(f"thread budget exceeded: {plan.explain()}. Fix: {', or '.join(fixes)}")

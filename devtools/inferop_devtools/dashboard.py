@@ -1,6 +1,6 @@
 """The Grafana dashboard the chart ships (charts/inferop/dashboards/inferop.json): one InferenceService at a time,
 chosen by namespace and service, each series split by track (predictor: the stable revision; canary: a rollout's
-candidate).
+candidate) and Triton's series by model too (an image pipeline's ensemble and each member apart).
 
 The panels are data here, and `python -m inferop_devtools.dashboard` writes the JSON (`--check`, in make check,
 fails when the file differs). Triton's panels read the series the chart's PodMonitor scrapes, with the labels its
@@ -28,6 +28,7 @@ from inferop_operator.identity import COMPONENT, INSTANCE, TRITON_CONTAINER
 DASHBOARD_PATH = repo_root() / "charts" / "inferop" / "dashboards" / "inferop.json"
 UID = "inferop-inference-service"
 TRACK = series_label(COMPONENT)  # predictor or canary
+MODEL = "model"  # Triton's label of each model a pod serves
 SERVICE = f'namespace="$namespace",{series_label(INSTANCE)}="$service"'
 # The Triton container of the service's pods, as the kubelet's cAdvisor series name it.
 CONTAINER = f'namespace="$namespace",pod=~"$service-.*",container="{TRITON_CONTAINER}"'
@@ -49,8 +50,18 @@ def legend(word: str) -> str:
     return f"{word} {{{{{TRACK}}}}}"
 
 
+def model_legend(word: str) -> str:
+    """A series' legend: `word`, the track and Triton's model."""
+    return f"{legend(word)} {{{{{MODEL}}}}}"
+
+
 def per_track(expr: str) -> str:
     return f"sum by ({TRACK}) ({expr})"
+
+
+def per_model(expr: str) -> str:
+    """Each track's models apart: an image pipeline's ensemble and each of its members, so a starving stage shows."""
+    return f"sum by ({TRACK}, {MODEL}) ({expr})"
 
 
 def rate(metric: str, extra: str = "") -> str:
@@ -58,8 +69,8 @@ def rate(metric: str, extra: str = "") -> str:
 
 
 def per_request(numerator: str) -> str:
-    """A rate per completed request; no completed request leaves no value (not a division by zero)."""
-    return f"{per_track(numerator)} / {per_track(rate('nv_inference_request_success'))}"
+    """A rate per completed request of each model; no completed request leaves no value (not a division by zero)."""
+    return f"{per_model(numerator)} / {per_model(rate('nv_inference_request_success'))}"
 
 
 def gateway_quantile(quantile: float) -> str:
@@ -104,19 +115,21 @@ PANELS = (
         "Completed, rejected by Triton's queue (full, or waited past timeouts.requestSeconds: the designed fast "
         "rejection of overload) and failed otherwise.",
         (
-            Query(legend("success"), per_track(rate("nv_inference_request_success"))),
-            Query(legend("rejected"), per_track(rate("nv_inference_request_failure", ',reason="REJECTED"'))),
-            Query(legend("failed"), per_track(rate("nv_inference_request_failure", ',reason!="REJECTED"'))),
+            Query(model_legend("success"), per_model(rate("nv_inference_request_success"))),
+            Query(model_legend("rejected"), per_model(rate("nv_inference_request_failure", ',reason="REJECTED"'))),
+            Query(model_legend("failed"), per_model(rate("nv_inference_request_failure", ',reason!="REJECTED"'))),
         ),
     ),
     Panel(
         "Queue and compute time per request",
         "ms",
         "Mean time a completed request waited in Triton's queue, and ran (input, inference, output). Queue time "
-        "rising at a steady rate is the first sign of overload; the queueTime autoscaling metric is the same ratio.",
+        "rising at a steady rate is the first sign of overload; the queueTime autoscaling metric is the same ratio. "
+        "Each model apart: behind an image pipeline, a stage whose queue grows while the model's stays short is "
+        "starving it.",
         (
-            Query(legend("queue"), f"{per_request(rate('nv_inference_queue_duration_us'))} / 1000"),
-            Query(legend("compute"), f"{per_request(' + '.join(rate(m) for m in COMPUTE))} / 1000"),
+            Query(model_legend("queue"), f"{per_request(rate('nv_inference_queue_duration_us'))} / 1000"),
+            Query(model_legend("compute"), f"{per_request(' + '.join(rate(m) for m in COMPUTE))} / 1000"),
         ),
     ),
     Panel(
@@ -126,7 +139,7 @@ PANELS = (
         "quantiles: Triton computes those only with --metrics-config=summary_latencies=true, which costs the tail "
         "of a fast model (the threads field drill's conv net under SCHED_OTHER: p99 517-535 ms with it, 87 ms "
         "without), so inferop leaves it off.",
-        (Query(legend("mean"), f"{per_request(rate('nv_inference_request_duration_us'))} / 1000"),),
+        (Query(model_legend("mean"), f"{per_request(rate('nv_inference_request_duration_us'))} / 1000"),),
     ),
     Panel(
         "Latency at the gateway",
@@ -150,8 +163,8 @@ PANELS = (
         "Samples per model execution: how full the dynamic batcher's batches are, against batching.maxBatchSize.",
         (
             Query(
-                legend("batch"),
-                f"{per_track(rate('nv_inference_count'))} / {per_track(rate('nv_inference_exec_count'))}",
+                model_legend("batch"),
+                f"{per_model(rate('nv_inference_count'))} / {per_model(rate('nv_inference_exec_count'))}",
             ),
         ),
     ),
@@ -159,7 +172,7 @@ PANELS = (
         "Pending requests",
         "none",
         "Requests queued or executing now; its bound per pod is the queue bound in the service's status.",
-        (Query(legend("pending"), per_track(f"nv_inference_pending_request_count{{{SERVICE}}}")),),
+        (Query(model_legend("pending"), per_model(f"nv_inference_pending_request_count{{{SERVICE}}}")),),
     ),
     Panel(
         "Pods serving, by track",

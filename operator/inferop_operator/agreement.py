@@ -202,17 +202,22 @@ def agreement_inputs(
         yield "generated", count, feeds
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    """A PNG chunk: its length, kind, data and CRC."""
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
 def png(pixels: np.ndarray[Any, Any]) -> bytes:
     """An 8-bit RGB PNG of `pixels` (height, width, 3), written with the standard library (the operator's image has
     no image library): unfiltered rows in one compressed chunk."""
     height, width, _ = pixels.shape
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
     rows = b"".join(b"\0" + row.tobytes() for row in pixels.astype("uint8"))
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8 bits, RGB, deflate, no filter, no interlace
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    chunks = png_chunk(b"IHDR", header) + png_chunk(b"IDAT", zlib.compress(rows)) + png_chunk(b"IEND", b"")
+    return PNG_SIGNATURE + chunks
 
 
 def pictures(processing: Processing, tensors: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

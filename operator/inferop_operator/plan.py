@@ -124,7 +124,8 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
     try:
         if stages is not None:
             check_stages(stages, spec.threads.allow_oversubscription)
-        check_budget(threads, spec.threads.allow_oversubscription)
+        at_limit = None if stages is None else (lambda limit: _model_cpus_at(spec, limit))
+        check_budget(threads, spec.threads.allow_oversubscription, at_limit)
     except OversubscribedError as error:
         assumed = " (1 CPU assumed: no CPU limit or request is set)" if cpu_source == "assumed" else ""
         raise Refusal("ThreadBudget", "Oversubscribed", f"{error}{assumed}") from None
@@ -257,6 +258,12 @@ def stage_plan(spec: InferenceServiceSpec) -> StagePlan | None:
         spec.pipeline.images_per_cpu_second,
         spec.pipeline.pre_instances,
     )
+
+
+def _model_cpus_at(spec: InferenceServiceSpec, limit: int) -> float:
+    """The CPUs the model's threads get under a CPU limit of `limit`, the stages' share set aside as planned."""
+    resources = spec.resources.model_copy(update={"limits": {**spec.resources.limits, "cpu": str(limit)}})
+    return model_cpus(spec.model_copy(update={"resources": resources}))
 
 
 def model_cpus(spec: InferenceServiceSpec) -> float:

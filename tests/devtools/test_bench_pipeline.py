@@ -17,7 +17,15 @@ def figures(ensemble: float, model: float, decoding: float, naive: float, errors
         "total_cpus": 1.0, "callers": 16, "stages": "1 decoding instance(s) of one thread", "proved": "40 photographs",
         "ensemble": served(ensemble, 57_000, errors=errors), "model": served(model, 1_072_988),
         "decoding": served(decoding, 1_072_988, 0.1), "decoding_splits": {"0.1": served(decoding, 1_072_988, 0.1)},
-        "naive_ensemble": served(naive, 57_000),
+        "naive_ensemble": served(naive, 57_000), "bad_input": bad_input(good=served(ensemble, 57_000)),
+    }  # fmt: skip
+
+
+def bad_input(good: dict[str, Any], not_400: int = 0, p99_ms: float = 40.0, after_mib: float = 812.0) -> dict[str, Any]:
+    kinds = ("a zero-byte body", "a corrupt JPEG", "a decompression bomb")
+    return {
+        "sent": 900, "not_400": not_400, "p99_ms": p99_ms, "p99_ms_by_kind": dict.fromkeys(kinds, p99_ms), "good": good,
+        "memory_before_mib": 800.0, "memory_peak_mib": 850.0, "memory_after_mib": after_mib,
     }  # fmt: skip
 
 
@@ -29,6 +37,7 @@ def test_an_ensemble_at_the_models_pace_with_fewer_bytes_meets_every_goal() -> N
     assert not any(outcome(figures(ensemble=8.7, model=9.2, decoding=8.4, naive=7.5)).values())
     lines = pipeline_lines(figures(8.7, 9.2, 8.4, 7.5))
     assert any("the planned ensemble" in line and "57,000 bytes" in line for line in lines)
+    assert any("900 sent, 0 not answered 400; p99 40 ms (a zero-byte body 40," in line for line in lines)
 
 
 def test_each_goal_is_missed_on_its_own() -> None:
@@ -39,3 +48,16 @@ def test_each_goal_is_missed_on_its_own() -> None:
     bytes_missed = figures(8.7, 9.2, 8.4, 7.5)
     bytes_missed["ensemble"]["request_bytes"] = 200_000
     assert outcome(bytes_missed)["bytes a request: tensors / image"]
+
+
+def test_each_bad_input_goal_is_missed_on_its_own() -> None:
+    measured = figures(8.7, 9.2, 8.4, 7.5)
+    good = measured["ensemble"]
+    for changes, missed in [
+        ({"not_400": 1}, "bad input not answered 400"),
+        ({"p99_ms": 2600.0}, "bad input p99 / the callers' p99 meanwhile"),
+        ({"good": served(7.5, 57_000)}, "callers beside bad input / alone"),
+        ({"after_mib": 900.0}, "server memory after bad input / before"),
+    ]:
+        bad = {**measured, "bad_input": bad_input(**{"good": good, **changes})}
+        assert [name for name, miss in outcome(bad).items() if miss] == [missed], changes

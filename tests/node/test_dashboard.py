@@ -163,16 +163,19 @@ def test_every_panel_answers_in_its_unit_on_real_pods(
         for legend, found in figures.get(panel.title, {}).items():
             assert all(plausible(panel.unit, value) for value in found.values()), (panel.title, legend, found)
     by_outcome = figures["Requests per second by outcome"]
-    assert all(value > 0 for value in by_outcome["success {{app_kubernetes_io_component}}"].values())
-    assert by_outcome["failed {{app_kubernetes_io_component}}"] == {"predictor": 0.0, "canary": 0.0}
+    assert all(value > 0 for value in by_outcome["success {{app_kubernetes_io_component}} {{model}}"].values())
+    assert by_outcome["failed {{app_kubernetes_io_component}} {{model}}"] == {"predictor": 0.0, "canary": 0.0}
     share = figures["Traffic share by track"]["share {{app_kubernetes_io_component}}"]
     assert share["predictor"] == pytest.approx(STABLE_CALLS / (STABLE_CALLS + 1), abs=0.1), share
     assert sum(share.values()) == pytest.approx(1.0)
-    assert all(batch >= 1 for batch in figures["Achieved batch size"]["batch {{app_kubernetes_io_component}}"].values())
-    time_in_server = figures["Request time in the server"]["mean {{app_kubernetes_io_component}}"]
+    assert all(
+        batch >= 1
+        for batch in figures["Achieved batch size"]["batch {{app_kubernetes_io_component}} {{model}}"].values()
+    )
+    time_in_server = figures["Request time in the server"]["mean {{app_kubernetes_io_component}} {{model}}"]
     parts = figures["Queue and compute time per request"]
     for part in ("queue", "compute"):  # the whole holds its parts
-        found = parts[f"{part} {{{{app_kubernetes_io_component}}}}"]
+        found = parts[f"{part} {{{{app_kubernetes_io_component}}}} {{{{model}}}}"]
         assert all(time_in_server[track] >= found[track] for track in TRACKS), (part, found)
     # The kubelet's panels: both pods, as its cAdvisor reads their Triton containers' cgroups.
     memory = figures["Memory working set against the limit"]

@@ -760,6 +760,16 @@ class TestPipeline:
         refused = refusal(self.pipeline_spec("2", imagesPerCpuSecond=2000, preInstances=4))
         assert refused.condition == "ThreadBudget" and "lower pipeline.preInstances to 1" in refused.message
 
+    def test_a_refusal_s_cpu_limit_keeps_the_stages_cpus(self) -> None:
+        """Half of each image's work is the stages': 2 instances of 2 threads need 4 CPUs for the model, the pod 8."""
+        refused = refusal(
+            {**self.pipeline_spec("4", imagesPerCpuSecond=100), "instances": 2, "threads": {"intraOp": 2}}
+        )
+        assert refused.condition == "ThreadBudget"
+        assert "raise the CPU limit to 8 (4 of them for the pipeline's stages)" in refused.message
+        fixed = {**self.pipeline_spec("8", imagesPerCpuSecond=100), "instances": 2, "threads": {"intraOp": 2}}
+        assert plan(fixed).threads.threads == 4
+
     def test_without_a_pipeline_nothing_changes(self) -> None:
         planned = plan(raw_spec(model=CLASSIFIER, resources={"limits": {"cpu": "4"}}))
         assert (planned.stages, planned.pipeline, planned.threads.cpus) == (None, None, 4)

@@ -21,13 +21,18 @@ import itertools
 import json
 import os
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import zlib
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from inferop_devtools.bench.targets import Target
 
@@ -46,6 +51,8 @@ ENSEMBLE_OVER_MODEL = 0.9
 ENSEMBLE_OVER_CALLERS_DECODING = 1.0
 FEWER_BYTES = 10.0
 PLANNED_OVER_NAIVE = 1.0
+BESIDE_BAD_INPUT = 0.9  # the ensemble's callers' rate while bad input arrives, against their rounds' median
+MEMORY_AFTER_BAD_INPUT = 1.05  # the server's memory after bad input, against before: nothing kept
 
 SERVERS = ("ensemble", "model", "decoding", "naive_ensemble")
 
@@ -110,6 +117,10 @@ def pipeline_bench(seconds: float) -> dict[str, Any]:
                     assert servers["decoding"].cgroup is not None
                     servers["decoding"].cgroup.limit_cpu(TOTAL_CPUS - split)
                     decoding[split].append(callers(servers["decoding"].url, bare.name, images, True, split, seconds))
+            print("image pipeline: bad input beside the callers of the planned ensemble ...", flush=True)
+            refused = bad_input_round(
+                servers["ensemble"], pipeline_name, images, planned.pipeline.max_image_bytes, seconds
+            )
     best = max(DECODING_SPLITS, key=lambda split: statistics.median(r["throughput"] for r in decoding[split]))
     return {
         "total_cpus": TOTAL_CPUS,
@@ -120,6 +131,81 @@ def pipeline_bench(seconds: float) -> dict[str, Any]:
         **{name: summary(rounds, callers_cpus=ENSEMBLE_CALLERS_CPUS) for name, rounds in measured.items()},
         "decoding": summary(decoding[best], callers_cpus=best),
         "decoding_splits": {f"{split:g}": summary(decoding[split], callers_cpus=split) for split in DECODING_SPLITS},
+        "bad_input": refused,
+    }
+
+
+def bad_inputs(max_image_bytes: int) -> dict[str, bytes]:
+    """What a caller may send that is no image the pipeline takes, by what it is."""
+    from inferop_export.pipeline import typical_images
+    from inferop_operator.agreement import PNG_SIGNATURE, png_chunk
+
+    photo = typical_images()[0]
+    bomb = struct.pack(">IIBBBBB", 20_000, 20_000, 8, 2, 0, 0, 0)  # 400 megapixels declared, 64 bytes of them sent
+    return {
+        "a zero-byte body": b"",
+        "bytes that are no image": b"%PDF-1.7 a document, not a picture",
+        "a corrupt JPEG": photo[: len(photo) // 3],
+        "a file over maxImageBytes": b"\xff\xd8\xff" + bytes(max_image_bytes),
+        "a decompression bomb": PNG_SIGNATURE
+        + png_chunk(b"IHDR", bomb)
+        + png_chunk(b"IDAT", zlib.compress(bytes(64)))
+        + png_chunk(b"IEND", b""),
+    }
+
+
+def bad_input_round(server: Any, ensemble: str, images: Path, max_image_bytes: int, seconds: float) -> dict[str, Any]:
+    """The ensemble's callers as in a round, while one more caller (this process, on the CPU the pod and its callers
+    leave) sends bad input after bad input: each one's answer and time, the good callers' images per second, and the
+    server's memory before, at its peak and after."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    from inferop.bench import percentiles
+    from inferop_core.tritonconfig import IMAGE_INPUT
+
+    bad = bad_inputs(max_image_bytes)
+    assert server.cgroup is not None
+    before = server.cgroup.memory_current()
+    server.cgroup.reset_peak()
+    answers: dict[str, list[tuple[str, float]]] = {kind: [] for kind in bad}
+    stop = threading.Event()
+
+    def send() -> None:
+        client = httpclient.InferenceServerClient(server.url, network_timeout=TIMEOUT)
+        try:
+            for kind in itertools.cycle(bad):
+                if stop.is_set():
+                    return
+                request = httpclient.InferInput(IMAGE_INPUT, [1, 1], "BYTES")
+                request.set_data_from_numpy(np.array([[bad[kind]]], dtype=np.object_), binary_data=True)
+                began = time.monotonic()
+                try:
+                    client.infer(ensemble, [request])
+                    status = "200"
+                except InferenceServerException as error:
+                    status = str(error.status())
+                answers[kind].append((status, time.monotonic() - began))
+        finally:
+            client.close()
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        good = callers(server.url, ensemble, images, False, ENSEMBLE_CALLERS_CPUS, seconds)
+    finally:
+        stop.set()
+        sender.join(timeout=2 * TIMEOUT)
+    latencies = [latency for sent in answers.values() for _, latency in sent]
+    return {
+        "sent": sum(len(sent) for sent in answers.values()),
+        "not_400": sum(status != "400" for sent in answers.values() for status, _ in sent),
+        "p99_ms": round(percentiles(latencies)[2], 1),
+        "p99_ms_by_kind": {kind: round(percentiles([t for _, t in sent])[2], 1) for kind, sent in answers.items()},
+        "good": summary([good], callers_cpus=ENSEMBLE_CALLERS_CPUS),
+        "memory_before_mib": round(before / 2**20, 1),
+        "memory_peak_mib": round(server.cgroup.memory_peak() / 2**20, 1),
+        "memory_after_mib": round(server.cgroup.memory_current() / 2**20, 1),
     }
 
 
@@ -230,6 +316,17 @@ def pipeline_lines(figures: dict[str, Any]) -> list[str]:
         row("decoding", "callers decoding, at their best split"),
         *splits,
         row("naive_ensemble", "the naive ensemble (defaults everywhere)"),
+        *bad_input_lines(figures["bad_input"], row),
+    ]
+
+
+def bad_input_lines(bad: dict[str, Any], row: Any) -> list[str]:
+    kinds = ", ".join(f"{kind} {p99:g}" for kind, p99 in bad["p99_ms_by_kind"].items())
+    return [
+        f"  bad input beside the ensemble's callers: {bad['sent']} sent, {bad['not_400']} not answered 400; p99 "
+        f"{bad['p99_ms']:g} ms ({kinds}); server memory {bad['memory_before_mib']:g} MiB before, "
+        f"{bad['memory_peak_mib']:g} at its peak, {bad['memory_after_mib']:g} after",
+        row("", "the ensemble's callers meanwhile", bad["good"]),
     ]
 
 
@@ -251,6 +348,25 @@ def pipeline_targets(figures: dict[str, Any]) -> list[Target]:
         # The plan's ablation: the same ensemble with every default, which must not serve as much.
         Target(
             "planned / naive ensemble", ensemble["median"] / figures["naive_ensemble"]["median"], PLANNED_OVER_NAIVE
+        ),
+        *bad_input_targets(figures["bad_input"], ensemble),
+    ]
+
+
+def bad_input_targets(bad: dict[str, Any], ensemble: dict[str, Any]) -> list[Target]:
+    """Bad input is refused with a 400, sooner than any image is answered, while the other callers keep their rate
+    and the server its memory."""
+    return [
+        Target("bad input not answered 400", bad["not_400"], 0, at_least=False),
+        Target(
+            "bad input p99 / the callers' p99 meanwhile", bad["p99_ms"] / bad["good"]["p99_ms"], 1.0, at_least=False
+        ),
+        Target("callers beside bad input / alone", bad["good"]["median"] / ensemble["median"], BESIDE_BAD_INPUT),
+        Target(
+            "server memory after bad input / before",
+            bad["memory_after_mib"] / bad["memory_before_mib"],
+            MEMORY_AFTER_BAD_INPUT,
+            at_least=False,
         ),
     ]
 
