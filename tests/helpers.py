@@ -4,13 +4,12 @@ the exported repository and running server the fixtures hand out, and a poller t
 from __future__ import annotations
 
 import json
+import re
 import signal
-import struct
 import subprocess
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -177,13 +176,39 @@ class WebhookReceiver:
         return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
 
 
-def png_declaring(width: int, height: int) -> bytes:
-    """A PNG of a few dozen bytes whose header declares `width` x `height` pixels: a decompression bomb."""
-    from inferop_operator.agreement import PNG_SIGNATURE, png_chunk
+@dataclass(frozen=True)
+class StubProcess:
+    """A python backend stub as the kernel sees it (/proc): its threads and the math libraries' thread variables it
+    started with."""
 
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    chunks = png_chunk(b"IHDR", header) + png_chunk(b"IDAT", zlib.compress(b"\0" * 64)) + png_chunk(b"IEND", b"")
-    return PNG_SIGNATURE + chunks
+    threads: int
+    variables: dict[str, str]
+
+
+def python_stubs(model: str, server: int | None = None) -> dict[str, StubProcess]:
+    """The running python backend stubs of the model named `model` (of the tritonserver whose process is `server`,
+    where given), by instance name (Triton's `<model>_<group>_<n>`, its stub's eighth argument), read from /proc:
+    wherever the server runs on this machine, a pod's as well."""
+    from inferop_core.threads import THREAD_ENV
+    from inferop_core.tritonconfig import STAGE_STUB
+
+    found = {}
+    for process in Path("/proc").iterdir():
+        try:
+            argv = (process / "cmdline").read_bytes().split(b"\0")
+            if Path(argv[0].decode()).name != STAGE_STUB or len(argv) < 9:
+                continue
+            environ = dict(e.decode().partition("=")[::2] for e in (process / "environ").read_bytes().split(b"\0") if e)
+            threads = len(list((process / "task").iterdir()))
+            parent = int((process / "stat").read_text().rpartition(")")[2].split()[1])
+        except (FileNotFoundError, NotADirectoryError, ProcessLookupError, PermissionError):
+            continue  # not a process, or one that ended
+        instance = argv[8].decode()
+        if server not in (None, parent):
+            continue
+        if re.fullmatch(rf"{re.escape(model)}_\d+_\d+", instance):
+            found[instance] = StubProcess(threads, {v: environ[v] for v in THREAD_ENV if v in environ})
+    return found
 
 
 # What Inception declares: torchvision's ImageNet preprocessing (inferop_export.networks.inception_v3.PROCESSING).

@@ -19,6 +19,10 @@ from dataclasses import dataclass
 
 from inferop_core.errors import InferopError
 
+# The math libraries' thread counts, read once when each library starts: a server's container gets the plan's intra-op
+# count in each (never the user's), an image pipeline's stages one (tritonconfig.STAGE_STUB_SCRIPT).
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
 
 class OversubscribedError(InferopError, ValueError):
     """The requested threads exceed the CPUs; the message shows the arithmetic and a fix."""

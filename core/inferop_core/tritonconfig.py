@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from inferop_core.errors import InferopError
 from inferop_core.processing import PROCESSING_PARAMETER, Processing
+from inferop_core.threads import THREAD_ENV
 
 
 def load_model_config_protobuf() -> ModuleType:
@@ -264,6 +265,18 @@ SCORES = "SCORES"
 LABELS_OUTPUT = "LABELS"
 PROBABILITIES_OUTPUT = "PROBABILITIES"
 PIPELINE_STAGES = ("pre", "post")
+
+# Each stage runs one thread (the plan counts one a decoding instance). Triton's python stub imports numpy, which starts
+# OpenBLAS with the container's thread variables (the model's intra-op count), before the stage's code runs; so each
+# stage's directory holds its own stub, which Triton's python backend runs in place of the backend's
+# (<model directory>/triton_python_backend_stub): it sets every variable to one and hands over to the backend's stub,
+# whose directory Triton passes as the sixth argument.
+STAGE_STUB = "triton_python_backend_stub"
+STAGE_STUB_SCRIPT = f"""#!/bin/sh
+# inferop: an image pipeline's stage runs one thread in every math library, whatever the model's count.
+export {" ".join(f"{variable}=1" for variable in THREAD_ENV)}
+exec "$6/{STAGE_STUB}" "$@"
+"""
 
 
 # What a pipeline refuses unless its spec says otherwise; inferop/serving/pipeline.py, which cannot import this module

@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 
 from inferop.limits import memory_headroom
+from inferop.serving.localrepo import write_pipeline_members
 from inferop_core.agreement import GateResult
 from inferop_core.cpu import cpu_int8_instructions, int8_verdict
 from inferop_core.errors import InferopError
@@ -362,7 +363,7 @@ def export_model(
                 (staged / LABELS_FILENAME).write_text("\n".join(source.labels) + "\n")
         if plan.pipeline is not None:
             assert source.labels is not None
-            members = image_pipeline.write_members(plan.pipeline, staged.parent, staged / LABELS_FILENAME)
+            members = write_pipeline_members(plan.pipeline, staged.parent, staged / LABELS_FILENAME, link=False)
             with progress.step(f"pipeline: photographs through {plan.pipeline.name} on tritonserver"):
                 check = image_pipeline.check_pipeline(plan.pipeline, staged.parent, staged, source.labels)
                 proved = check.describe(plan.pipeline)

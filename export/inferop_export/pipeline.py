@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -29,8 +28,6 @@ from inferop_core.tritonconfig import (
     MODEL_FILENAME,
     PROBABILITIES_OUTPUT,
     PipelineConfig,
-    build_pipeline_configs,
-    to_text,
 )
 
 if TYPE_CHECKING:
@@ -118,22 +115,6 @@ def measure_stage_rate(
             done += 1
         rates.append(done / (clock() - start))
     return round(statistics.median(rates), 3)
-
-
-def write_members(pipeline: PipelineConfig, work: Path, labels: Path) -> dict[str, Path]:
-    """The stages' and the ensemble's directories under `work`, by model name, each with its config and an empty
-    version directory (the image's python-based backend holds the stages' code); `post` with the labels."""
-    written = {}
-    for name, config in build_pipeline_configs(pipeline).items():
-        if name == pipeline.model.name:
-            continue
-        member = work / name
-        (member / "1").mkdir(parents=True)
-        (member / "config.pbtxt").write_text(to_text(config))
-        if name == pipeline.members["post"]:
-            shutil.copyfile(labels, member / labels.name)
-        written[name] = member
-    return written
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from inferop_core.tritonconfig import (
     MODEL_FILENAME,
     ONNX_PLATFORM,
     PIPELINE_BACKEND,
+    STAGE_STUB,
+    STAGE_STUB_SCRIPT,
     PipelineConfig,
     ServingConfig,
     build_pipeline_configs,
@@ -140,15 +142,30 @@ def write_pipeline_repo(pipeline: PipelineConfig, source: Path, target: Path) ->
     """A repository at `target` serving the exported image classifier in `source` behind its pipeline: callers send
     image bytes to the ensemble `pipeline.name`, which runs the stages around the model (its files linked, as
     `write_model_repo` does). Every config is the renderer's (build_pipeline_configs)."""
-    configs = build_pipeline_configs(pipeline)
     write_model_repo(pipeline.model, source, target)
-    labels = source / str(pipeline.stage_settings("post")["labelsFile"])
-    for name, config in configs.items():
-        member = target / name
+    write_pipeline_members(pipeline, target, source / str(pipeline.stage_settings("post")["labelsFile"]), link=True)
+    return target
+
+
+def write_pipeline_members(pipeline: PipelineConfig, target: Path, labels: Path, link: bool) -> dict[str, Path]:
+    """The stages' and the ensemble's directories under `target`, by model name: each its config and an empty
+    version directory (the image's python-based backend holds the stages' code), each stage its stub (STAGE_STUB:
+    one thread in every math library), `post` the model's `labels` (linked, or copied where the repository must
+    stand on its own)."""
+    written = {}
+    for name, config in build_pipeline_configs(pipeline).items():
         if name == pipeline.model.name:
             continue
+        member = target / name
         (member / "1").mkdir(parents=True)
         (member / "config.pbtxt").write_text(to_text(config))
+        if config.backend == PIPELINE_BACKEND:
+            (member / STAGE_STUB).write_text(STAGE_STUB_SCRIPT)
+            (member / STAGE_STUB).chmod(0o755)
         if name == pipeline.members["post"]:
-            (member / labels.name).symlink_to(labels.resolve())
-    return target
+            if link:
+                (member / labels.name).symlink_to(labels.resolve())
+            else:
+                shutil.copyfile(labels, member / labels.name)
+        written[name] = member
+    return written

@@ -15,8 +15,11 @@ from typing import Any
 from inferop_core import scheduling
 from inferop_core.capacity import gateway_admission
 from inferop_core.cpu import NFD_LABELS
+from inferop_core.threads import THREAD_ENV
 from inferop_core.tritonconfig import (
     RATE_LIMIT_ARG,
+    STAGE_STUB,
+    STAGE_STUB_SCRIPT,
     ServingConfig,
     build_pipeline_configs,
     render_model_config,
@@ -38,13 +41,14 @@ from inferop_operator.identity import (
 )
 from inferop_operator.plan import Plan
 from inferop_operator.rollout import RolloutStatus, Traffic, canary_replicas, replica_split
-from inferop_operator.spec import THREAD_ENV, GatewayRef, InferenceServiceSpec, Model, ObjectStorage
+from inferop_operator.spec import GatewayRef, InferenceServiceSpec, Model, ObjectStorage
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 MODEL_REPOSITORY = "/models"
 MODEL_SOURCE = "/mnt/model-source"
 CONFIG_DIR = "/etc/inferop"
 CONFIG_KEY = "config.pbtxt"
+STAGE_STUB_KEY = "stage-stub.sh"  # a pipeline's stages' stub (STAGE_STUB_SCRIPT), installed in each stage's directory
 OCI_MODEL_DIR = "/model"  # where a model image (oci://) holds the model directory
 # A model in object storage: `inferop fetch` (the operator's image) writes it into the source volume, mounted here
 # in its init container, as the folder FETCHED; the other containers mount that folder at MODEL_SOURCE.
@@ -151,9 +155,10 @@ class Service:
     @property
     def config_files(self) -> dict[str, str]:
         """The ConfigMap's files: the model's config (CONFIG_KEY) and, with a pipeline, each other member's config
-        as <member>.pbtxt (its stages and the ensemble that callers use)."""
+        as <member>.pbtxt (its stages and the ensemble that callers use) and the stages' stub."""
         files = {CONFIG_KEY: render_model_config(self.served_model)}
         if self.plan.pipeline is not None:
+            files[STAGE_STUB_KEY] = STAGE_STUB_SCRIPT
             for name, config in build_pipeline_configs(self.plan.pipeline).items():
                 if name != self.served_model.name:
                     files[member_config_key(name)] = to_text(config)
@@ -279,9 +284,10 @@ def thread_env(service: Service) -> list[dict[str, str]]:
 def layout_script(service: Service) -> str:
     """Lay the model repository out in an emptyDir: links to the read-only model files, and the rendered
     config in place of any config.pbtxt that came with them. With a pipeline, each other member gets a directory
-    with its rendered config and an empty version (the image's backend runs the stages), and the last stage the
-    model's labels. The user's storage is never written. Links are replaced (`ln -sfn`): the script runs again, on
-    the filled emptyDir, when the pod restarts."""
+    with its rendered config and an empty version (the image's backend runs the stages), each stage its stub (one
+    thread in every math library), and the last stage the model's labels. The user's storage is never written.
+    Links are replaced (`ln -sfn`), files overwritten: the script runs again, on the filled emptyDir, when the pod
+    restarts."""
     model = shlex.quote(f"{MODEL_REPOSITORY}/{service.served_model.name}")
     source = shlex.quote(MODEL_SOURCE)
     config = shlex.quote(f"{CONFIG_DIR}/{CONFIG_KEY}")
@@ -301,12 +307,15 @@ def layout_script(service: Service) -> str:
     pipeline = service.plan.pipeline
     if pipeline is not None:
         labels = shlex.quote(pipeline.model.outputs[0].label_filename or "")
+        stub = shlex.quote(f"{CONFIG_DIR}/{STAGE_STUB_KEY}")
         for name in (pipeline.members["pre"], pipeline.members["post"], pipeline.name):
             member = shlex.quote(f"{MODEL_REPOSITORY}/{name}")
             lines += [
                 f"mkdir -p {member}/1",
                 f"ln -sfn {shlex.quote(f'{CONFIG_DIR}/{member_config_key(name)}')} {member}/config.pbtxt",
             ]
+            if name != pipeline.name:  # a stage: its stub, executable (the ConfigMap's files are not)
+                lines.append(f"cp {stub} {member}/{STAGE_STUB} && chmod 0755 {member}/{STAGE_STUB}")
         post = shlex.quote(f"{MODEL_REPOSITORY}/{pipeline.members['post']}")
         lines += [
             f'[ -f "$src"/{labels} ] ||',

@@ -20,7 +20,7 @@ from inferop_core.processing import Processing
 from inferop_core.quantity import QUANTITY_PATTERN, parse_quantity
 from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
 from inferop_core.sequential import STATED_CONFIDENCE, AgreementTest, agreement_test
-from inferop_core.threads import ThreadPlan
+from inferop_core.threads import THREAD_ENV, ThreadPlan
 from inferop_core.tritonconfig import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -41,8 +41,6 @@ from inferop_core.tritonconfig import (
 OBJECT_STORAGE_SCHEMES = OBJECT_SCHEMES
 STORAGE_SCHEMES = ("pvc", "hostpath", "oci", *OBJECT_STORAGE_SCHEMES)
 GPU_RESOURCE = "nvidia.com/gpu"
-# The math libraries' thread counts: the container gets the plan's intra-op count in each, never the user's.
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 MAX_NAME_LENGTH = 253  # a Kubernetes object name (a DNS subdomain), such as a PersistentVolumeClaim's
 # An image reference as container runtimes parse it: [registry[:port]/]path[:tag][@sha256:digest], the path in

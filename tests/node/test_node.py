@@ -313,14 +313,16 @@ def test_an_image_pipeline_serves_photographs_on_the_node_as_in_process(
 ) -> None:
     """Inception V3 exported with --pipeline image and applied as it is: one Triton pod runs the ensemble, its stages
     (the image's backend inferop_pipeline) and the model; photographs sent as JPEG and PNG bytes get the top labels
-    that decoding, the model and top-k in process give, and bytes that are no image a 400 that says so."""
+    that decoding, the model and top-k in process give, and bytes that are no image a 400 that says so; each stage's
+    process runs one thread in every math library."""
     import onnxruntime as ort
     from tritonclient.utils import InferenceServerException
 
     from inferop.serving.tritonserver import free_port
+    from inferop_core.threads import THREAD_ENV
     from inferop_core.tritonconfig import PipelineConfig
     from inferop_export.pipeline import ask, encodings, photographs
-    from tests.helpers import image_classifier, pipeline_in_process
+    from tests.helpers import image_classifier, pipeline_in_process, python_stubs
 
     repo, manifest = tmp_path / "model_repo", tmp_path / "inception-v3.yaml"
     export = subprocess.run(
@@ -360,6 +362,15 @@ def test_an_image_pipeline_serves_photographs_on_the_node_as_in_process(
         finally:
             forward.terminate()
             forward.wait()
+        # Each stage's process started its math libraries with one thread, the model's with the container's count.
+        deployment = json.loads(kube.run("get", "deployment", "inception-v3", "-o", "json"))
+        container = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "triton")
+        variables = {e["name"]: e["value"] for e in container["env"] if e["name"] in THREAD_ENV}
+        for member in ("inception_v3_pre", "inception_v3_post", "inception_v3_model"):
+            stubs = python_stubs(member)
+            wanted = variables if member.endswith("_model") else dict.fromkeys(THREAD_ENV, "1")
+            assert stubs and all(stub.variables == wanted for stub in stubs.values()), (member, stubs, wanted)
+        measured(f"thread variables on the node: the stages' 1, the model's {variables}")
     finally:
         kube.run("delete", "-f", str(manifest), "--wait=true", check=False)
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from tritonclient.grpc import model_config_pb2 as mc
 
-from inferop_core.tritonconfig import parse_model_config
+from inferop_core.tritonconfig import STAGE_STUB, parse_model_config
 from inferop_operator.builders import (
     CHILDREN,
     CONFIG_DIR,
@@ -597,7 +597,27 @@ class TestLayoutScript:
             assert (models / member / "1").is_dir()
         assert (models / "inception_v3_model" / "1" / "model.onnx").read_bytes() == files["1/model.onnx"]
         assert (models / "inception_v3_post" / "labels.txt").read_bytes() == files["labels.txt"]
+        for stage in ("inception_v3_pre", "inception_v3_post"):
+            assert self.stage_stub_runs_the_backend_s_with_one_thread(models / stage / STAGE_STUB, root), stage
+        assert not (models / "inception_v3" / STAGE_STUB).exists()
         assert self.run(service, root).returncode == 0  # a restarted pod lays it out again
+
+    @staticmethod
+    def stage_stub_runs_the_backend_s_with_one_thread(stub: Path, root: Path) -> bool:
+        """Triton runs `stub` as it runs its own (python_backend's stub_launcher: the python backend's directory the
+        sixth argument); it must hand every argument over to the backend's stub, with one thread for each library."""
+        backend = root / "backends" / "python"
+        backend.mkdir(parents=True, exist_ok=True)
+        (backend / STAGE_STUB).write_text('#!/bin/sh\necho "$@"\nenv\n')
+        (backend / STAGE_STUB).chmod(0o755)
+        arguments = ["/models/m/1/model.py", "region", "1048576", "1048576", "42", str(backend), "7", "m_0", "DEFAULT"]
+        ran = subprocess.run(
+            [str(stub), *arguments],
+            env={"PATH": "/usr/bin:/bin", **dict.fromkeys(THREAD_ENV, "4")},
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        told, *env = ran.stdout.splitlines()
+        return told == " ".join(arguments) and all(f"{variable}=1" in env for variable in THREAD_ENV)
 
     def test_a_pipeline_without_its_labels_fails_clearly(self, root: Path) -> None:
         self.model_source(root)
@@ -625,6 +645,7 @@ class TestConfigMap:
             "inception_v3.pbtxt",
             "inception_v3_post.pbtxt",
             "inception_v3_pre.pbtxt",
+            "stage-stub.sh",
         ]
         model, pre = parse_model_config(data["config.pbtxt"]), parse_model_config(data["inception_v3_pre.pbtxt"])
         assert model.name == "inception_v3_model" and model.platform == "onnxruntime_onnx"

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from inferop.serving.pipeline import ImageRefused, decode, image_tensor, preprocess, top_k
-from tests.helpers import png_declaring
+from inferop_devtools.bench.pipeline import png_declaring
 
 
 def encoded(image: Image.Image, fmt: str = "PNG", **options: object) -> bytes:

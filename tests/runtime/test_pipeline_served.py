@@ -4,6 +4,8 @@ refused with a 400 that names the problem, the other callers answered."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -12,8 +14,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from inferop_devtools.bench.pipeline import png_declaring
 from inferop_export.pipeline import PHOTOGRAPHS, ask, encodings, photographs
-from tests.helpers import PIPELINE_MAX_IMAGE_BYTES, ExportedRepo, pipeline_in_process, png_declaring, serving
+from tests.helpers import (
+    PIPELINE_MAX_IMAGE_BYTES,
+    ExportedRepo,
+    StubProcess,
+    pipeline_in_process,
+    python_stubs,
+    serving,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -133,3 +143,50 @@ def test_the_rollout_s_agreement_check_compares_the_pipelines_top_labels(
     measured(f"against a pipeline resizing otherwise: {refused.describe()}")
     with pytest.raises(AgreementError, match="the candidate serves an image pipeline, the stable revision does not"):
         compare_revisions(url, url, parse_spec({**raw, "rollout": rollout}), spec)
+
+
+def test_each_stage_runs_one_thread_in_every_math_library_whatever_the_model_s_count(
+    served_pipeline: dict[str, Any], model_repo: ExportedRepo, measured: Callable[[str], None], tmp_path: Path
+) -> None:
+    """The server's thread variables carry the model's intra-op count (the operator sets them in the container); the
+    stub imports numpy, whose OpenBLAS starts a thread for each CPU the variable allows, before the stage's code runs.
+    Each stage's own stub starts the libraries with one: the same threads under the model's count as under one. With
+    the stages' stubs removed, the stages run with the model's count (and, on two CPUs or more, more threads)."""
+    from inferop.serving.localrepo import write_pipeline_members
+    from inferop.serving.tritonserver import TritonServer, free_port
+    from inferop_core.threads import THREAD_ENV
+    from inferop_core.tritonconfig import STAGE_STUB
+
+    config = served_pipeline["config"]
+    stages = [config.members["pre"], config.members["post"]]
+    repo = tmp_path / "stages"
+    write_pipeline_members(config, repo, model_repo.path / "inception_v3" / "labels.txt", link=True)
+    shutil.rmtree(repo / config.name)  # the stages alone: the ensemble would need the model
+    cpus = len(os.sched_getaffinity(0))
+    many = str(max(2, cpus))
+
+    def stage_processes(threads: str) -> dict[str, StubProcess]:
+        with TritonServer(repo, http_port=free_port(), env=dict.fromkeys(THREAD_ENV, threads)) as server:
+            assert server.process is not None
+            return {stage: only(python_stubs(stage, server.process.pid)) for stage in stages}
+
+    one, pinned = stage_processes("1"), stage_processes(many)
+    for stage in stages:
+        assert pinned[stage].variables == dict.fromkeys(THREAD_ENV, "1"), stage
+        assert pinned[stage].threads == one[stage].threads, (stage, pinned[stage], one[stage])
+    for stage in stages:
+        (repo / stage / STAGE_STUB).unlink()
+    unpinned = stage_processes(many)
+    for stage in stages:
+        assert unpinned[stage].variables == dict.fromkeys(THREAD_ENV, many), stage
+        if cpus >= 2:
+            assert unpinned[stage].threads > pinned[stage].threads, (stage, unpinned[stage], pinned[stage])
+    measured(
+        f"stage threads with the model's count at {many} on {cpus} CPUs: "
+        + ", ".join(f"{s} {pinned[s].threads} (without its stub {unpinned[s].threads})" for s in stages)
+    )
+
+
+def only(stubs: dict[str, StubProcess]) -> StubProcess:
+    assert len(stubs) == 1, stubs
+    return next(iter(stubs.values()))

@@ -135,22 +135,26 @@ def pipeline_bench(seconds: float) -> dict[str, Any]:
     }
 
 
+def png_declaring(width: int, height: int) -> bytes:
+    """A PNG of a few dozen bytes whose header declares `width` x `height` pixels: a decompression bomb."""
+    from inferop_operator.agreement import PNG_SIGNATURE, png_chunk
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunks = png_chunk(b"IHDR", header) + png_chunk(b"IDAT", zlib.compress(bytes(64))) + png_chunk(b"IEND", b"")
+    return PNG_SIGNATURE + chunks
+
+
 def bad_inputs(max_image_bytes: int) -> dict[str, bytes]:
     """What a caller may send that is no image the pipeline takes, by what it is."""
     from inferop_export.pipeline import typical_images
-    from inferop_operator.agreement import PNG_SIGNATURE, png_chunk
 
     photo = typical_images()[0]
-    bomb = struct.pack(">IIBBBBB", 20_000, 20_000, 8, 2, 0, 0, 0)  # 400 megapixels declared, 64 bytes of them sent
     return {
         "a zero-byte body": b"",
         "bytes that are no image": b"%PDF-1.7 a document, not a picture",
         "a corrupt JPEG": photo[: len(photo) // 3],
         "a file over maxImageBytes": b"\xff\xd8\xff" + bytes(max_image_bytes),
-        "a decompression bomb": PNG_SIGNATURE
-        + png_chunk(b"IHDR", bomb)
-        + png_chunk(b"IDAT", zlib.compress(bytes(64)))
-        + png_chunk(b"IEND", b""),
+        "a decompression bomb": png_declaring(20_000, 20_000),  # 400 megapixels declared, 64 bytes of them sent
     }
 
 
