@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
+from inferop_devtools.bench.pipeline import largest_images as images_at_most
 from inferop_devtools.bench.pipeline import pipeline_lines, pipeline_targets
 
 
@@ -18,6 +20,15 @@ def figures(ensemble: float, model: float, decoding: float, naive: float, errors
         "ensemble": served(ensemble, 57_000, errors=errors), "model": served(model, 1_072_988),
         "decoding": served(decoding, 1_072_988, 0.1), "decoding_splits": {"0.1": served(decoding, 1_072_988, 0.1)},
         "naive_ensemble": served(naive, 57_000), "bad_input": bad_input(good=served(ensemble, 57_000)),
+        "largest_images": largest_images(peak_mib=1806.0),
+    }  # fmt: skip
+
+
+def largest_images(peak_mib: float) -> dict[str, Any]:
+    return {
+        "callers": 107, "seconds": 60.0, "jpeg_bytes": 8_329_103, "png_pixels": 25_000_000,
+        "outcomes": {"503 queue full": 3017, "answered": 33}, "memory_before_mib": 656.9, "memory_peak_mib": peak_mib,
+        "estimate_mib": 1717.7, "stages_mib": 968.8, "limit_mib": 2199.0, "ablated_mib": 959.0,
     }  # fmt: skip
 
 
@@ -38,6 +49,7 @@ def test_an_ensemble_at_the_models_pace_with_fewer_bytes_meets_every_goal() -> N
     lines = pipeline_lines(figures(8.7, 9.2, 8.4, 7.5))
     assert any("the planned ensemble" in line and "57,000 bytes" in line for line in lines)
     assert any("900 sent, 0 not answered 400; p99 40 ms (a zero-byte body 40," in line for line in lines)
+    assert any("1806 at its peak, against the estimate's 1717.7" in line for line in lines)
 
 
 def test_each_goal_is_missed_on_its_own() -> None:
@@ -61,3 +73,22 @@ def test_each_bad_input_goal_is_missed_on_its_own() -> None:
     ]:
         bad = {**measured, "bad_input": bad_input(**{"good": good, **changes})}
         assert [name for name, miss in outcome(bad).items() if miss] == [missed], changes
+
+
+def test_memory_over_the_limit_is_missed_and_so_is_a_limit_that_holds_without_the_stages() -> None:
+    measured = figures(8.7, 9.2, 8.4, 7.5)
+    for peak, missed in [
+        (2200.0, "largest images: memory peak / the plan's limit"),
+        (950.0, "largest images: memory peak / the limit without the stages"),
+    ]:
+        changed = {**measured, "largest_images": largest_images(peak_mib=peak)}
+        assert [name for name, miss in outcome(changed).items() if miss] == [missed], peak
+
+
+def test_the_largest_images_are_at_the_pipeline_s_limits() -> None:
+    from PIL import Image
+
+    images = images_at_most(max_image_bytes=300_000, max_image_pixels=1_000_000)
+    assert 0.85 * 300_000 < len(images["jpeg"]) <= 300_000  # sides 5% apart: the largest under, within 11%
+    with Image.open(io.BytesIO(images["png"])) as picture:
+        assert picture.mode == "RGBA" and picture.width * picture.height <= 1_000_000 < (picture.width + 1) ** 2

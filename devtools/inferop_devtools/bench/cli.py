@@ -18,7 +18,8 @@ rendering as the ablation.
 Capacity: the export's capacity measure three times idle and three times beside busy processes, and the same timed by
 the clock (the ablation).
 Image pipeline (Inception V3 under one CPU): JPEG -> top-5 through the planned ensemble against the bare model fed
-tensors, against callers that decode at the same total CPU, the bytes a request carries, and the naive ensemble.
+tensors, against callers that decode at the same total CPU, the bytes a request carries, the naive ensemble, bad
+input, and the memory peak with the pipeline full of its largest images against the plan's limit.
 
 Exits 1 when a part fails or a target is missed, and says which.
 """

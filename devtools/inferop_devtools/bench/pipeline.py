@@ -1,7 +1,8 @@
 """Image pipelines, Inception V3 fp32 under one CPU for the callers and the pod together: photographs as JPEG ->
 top-5 through the planned ensemble against the bare model fed ready tensors; against callers that decode on their
-side, at the same total CPU; the bytes a request carries each way; and the naive ensemble (Triton's default instance
-counts, ONNX Runtime's default threads, Triton's unbounded queue).
+side, at the same total CPU; the bytes a request carries each way; the naive ensemble (Triton's default instance
+counts, ONNX Runtime's default threads, Triton's unbounded queue); bad input beside the callers; and the planned
+ensemble's memory with its queues full of the largest images it takes, against the limit the plan gives its pod.
 
 The callers run in a cgroup of their own, as the server does, and the two share TOTAL_CPUS: callers that only send
 files need ENSEMBLE_CALLERS_CPUS, callers that decode each image before they send it need more, which the server
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import os
 import statistics
 import struct
@@ -53,6 +55,14 @@ FEWER_BYTES = 10.0
 PLANNED_OVER_NAIVE = 1.0
 BESIDE_BAD_INPUT = 0.9  # the ensemble's callers' rate while bad input arrives, against their rounds' median
 MEMORY_AFTER_BAD_INPUT = 1.05  # the server's memory after bad input, against before: nothing kept
+# The pipeline full of its largest images: each 10th caller sends a PNG of maxImagePixels (what a decoding instance
+# holds most of), the others a JPEG of nearly maxImageBytes (what every request in the pipeline holds most of); as many
+# callers as the memory estimate counts requests, and a round of batches more, so that every queue stays full while
+# answered callers send again. Each caller beyond those holds its image too while tritonserver reads it and the full
+# queue refuses it (about one image more a caller, measured: 2,290 MiB with 182 callers against 1,692 with 101): a
+# pod's callers beyond what it holds are the gateway's to refuse (inferop_core.capacity.gateway_admission).
+LARGEST_PICTURE_EVERY = 10
+LARGEST_SECONDS = 60.0
 
 SERVERS = ("ensemble", "model", "decoding", "naive_ensemble")
 
@@ -121,6 +131,8 @@ def pipeline_bench(seconds: float) -> dict[str, Any]:
             refused = bad_input_round(
                 servers["ensemble"], pipeline_name, images, planned.pipeline.max_image_bytes, seconds
             )
+        print("image pipeline: the planned ensemble full of its largest images ...", flush=True)
+        largest = largest_images_round(on_pod, source, work / "largest", pod_cpus, LARGEST_SECONDS)
     best = max(DECODING_SPLITS, key=lambda split: statistics.median(r["throughput"] for r in decoding[split]))
     return {
         "total_cpus": TOTAL_CPUS,
@@ -132,6 +144,7 @@ def pipeline_bench(seconds: float) -> dict[str, Any]:
         "decoding": summary(decoding[best], callers_cpus=best),
         "decoding_splits": {f"{split:g}": summary(decoding[split], callers_cpus=split) for split in DECODING_SPLITS},
         "bad_input": refused,
+        "largest_images": largest,
     }
 
 
@@ -210,6 +223,96 @@ def bad_input_round(server: Any, ensemble: str, images: Path, max_image_bytes: i
         "memory_before_mib": round(before / 2**20, 1),
         "memory_peak_mib": round(server.cgroup.memory_peak() / 2**20, 1),
         "memory_after_mib": round(server.cgroup.memory_current() / 2**20, 1),
+    }
+
+
+def largest_images(max_image_bytes: int, max_image_pixels: int) -> dict[str, bytes]:
+    """The largest images a pipeline takes: a JPEG of noise, the largest at quality 95 under `max_image_bytes`
+    (decoded at the scale the resize needs, it holds its bytes more than its pixels), and a flat RGBA PNG of nearly
+    `max_image_pixels` (a few KB that decode to the most bytes a pixel)."""
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    jpeg, side = b"", 256
+    while True:
+        encoded = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(encoded, "JPEG", quality=95)
+        if len(encoded.getvalue()) > max_image_bytes:
+            break
+        jpeg, side = encoded.getvalue(), round(side * 1.05)
+    side = math.isqrt(max_image_pixels)
+    png = io.BytesIO()
+    Image.new("RGBA", (side, side), (10, 200, 30, 128)).save(png, "PNG")
+    return {"jpeg": jpeg, "png": png.getvalue()}
+
+
+def largest_images_round(spec: Any, source: Path, work: Path, cpus: float, seconds: float) -> dict[str, Any]:
+    """The planned ensemble (the local runtime's memory constants, as the field drills plan their pods) under its
+    pod's CPU quota, its queues kept full of the largest images it takes: the server's memory peak against the
+    estimate and the limit the plan gives, and against the limit without the stages' term (the ablation)."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    from inferop.serving.localrepo import write_pipeline_repo
+    from inferop_core.memory import LOCAL_RUNTIME
+    from inferop_core.tritonconfig import IMAGE_INPUT
+    from inferop_operator.plan import needed_limit_bytes, plan_service
+    from inferop_operator.spec import parse_spec
+
+    raw = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    raw["runtime"] = {**raw.get("runtime", {}), "memoryOverhead": str(LOCAL_RUNTIME.baseline_bytes)}
+    plan = plan_service(parse_spec(raw), LOCAL_RUNTIME)
+    pipeline, estimate = plan.pipeline, plan.memory.estimate
+    assert pipeline is not None and pipeline.model.max_queue_size is not None
+    images = largest_images(pipeline.max_image_bytes, pipeline.max_image_pixels)
+    batch_round = pipeline.model.instances * pipeline.model.max_batch_size
+    callers = 2 * pipeline.model.max_queue_size + batch_round + pipeline.pre_instances + batch_round
+    outcomes: dict[str, int] = {}
+    stop = threading.Event()
+
+    def call(index: int) -> None:
+        data = images["png" if index % LARGEST_PICTURE_EVERY == 0 else "jpeg"]
+        client = httpclient.InferenceServerClient(url, network_timeout=TIMEOUT, connection_timeout=TIMEOUT)
+        request = httpclient.InferInput(IMAGE_INPUT, [1, 1], "BYTES")
+        request.set_data_from_numpy(np.array([[data]], dtype=np.object_), binary_data=True)
+        try:
+            while not stop.is_set():
+                try:
+                    client.infer(pipeline.name, [request])
+                    outcome = "answered"
+                except InferenceServerException as error:
+                    outcome = f"{error.status()} {'queue full' if 'queue size' in str(error) else 'timed out'}"
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        finally:
+            client.close()
+
+    with served(write_pipeline_repo(pipeline, source, work), cpus) as server:
+        assert server.cgroup is not None
+        url = server.url
+        before = server.cgroup.memory_current()
+        server.cgroup.reset_peak()
+        threads = [threading.Thread(target=call, args=(index,), daemon=True) for index in range(callers)]
+        for thread in threads:
+            thread.start()
+        time.sleep(seconds)  # the duration of the round: the peak is read after it
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=2 * TIMEOUT)
+        peak = server.cgroup.memory_peak()
+    return {
+        "callers": callers,
+        "seconds": seconds,
+        "jpeg_bytes": len(images["jpeg"]),
+        "png_pixels": math.isqrt(pipeline.max_image_pixels) ** 2,
+        "outcomes": dict(sorted(outcomes.items())),
+        "memory_before_mib": round(before / 2**20, 1),
+        "memory_peak_mib": round(peak / 2**20, 1),
+        "estimate_mib": round(estimate.total / 2**20, 1),
+        "stages_mib": round(estimate.stages / 2**20, 1),
+        "limit_mib": round(needed_limit_bytes(estimate.total) / 2**20, 1),
+        "ablated_mib": round(needed_limit_bytes(estimate.total - estimate.stages) / 2**20, 1),
     }
 
 
@@ -321,6 +424,18 @@ def pipeline_lines(figures: dict[str, Any]) -> list[str]:
         *splits,
         row("naive_ensemble", "the naive ensemble (defaults everywhere)"),
         *bad_input_lines(figures["bad_input"], row),
+        *largest_images_lines(figures["largest_images"]),
+    ]
+
+
+def largest_images_lines(largest: dict[str, Any]) -> list[str]:
+    return [
+        f"  the ensemble full of its largest images ({largest['callers']} callers for {largest['seconds']:g} s, a JPEG "
+        f"of {largest['jpeg_bytes']:,} bytes, each {LARGEST_PICTURE_EVERY}th a PNG of {largest['png_pixels']:,} "
+        f"pixels; {largest['outcomes']}): server memory {largest['memory_before_mib']:g} MiB before, "
+        f"{largest['memory_peak_mib']:g} at its peak, against the estimate's {largest['estimate_mib']:g} (the "
+        f"stages' {largest['stages_mib']:g}) and the limit's {largest['limit_mib']:g}; "
+        f"{largest['ablated_mib']:g} without the stages' term",
     ]
 
 
@@ -354,6 +469,21 @@ def pipeline_targets(figures: dict[str, Any]) -> list[Target]:
             "planned / naive ensemble", ensemble["median"] / figures["naive_ensemble"]["median"], PLANNED_OVER_NAIVE
         ),
         *bad_input_targets(figures["bad_input"], ensemble),
+        *largest_images_targets(figures["largest_images"]),
+    ]
+
+
+def largest_images_targets(largest: dict[str, Any]) -> list[Target]:
+    """The pod's limit holds the pipeline full of its largest images; without the stages' term it would not (the
+    ablation: the memory fit as it was for the bare model)."""
+    peak = largest["memory_peak_mib"]
+    return [
+        Target("largest images: memory peak / the plan's limit", peak / largest["limit_mib"], 1.0, at_least=False),
+        Target(
+            "largest images: memory peak / the limit without the stages",
+            peak / largest["ablated_mib"],
+            1.0,
+        ),
     ]
 
 
