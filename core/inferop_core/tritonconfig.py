@@ -270,10 +270,13 @@ PIPELINE_STAGES = ("pre", "post")
 # OpenBLAS with the container's thread variables (the model's intra-op count), before the stage's code runs; so each
 # stage's directory holds its own stub, which Triton's python backend runs in place of the backend's
 # (<model directory>/triton_python_backend_stub): it sets every variable to one and hands over to the backend's stub,
-# whose directory Triton passes as the sixth argument.
+# whose directory Triton passes as the sixth argument. Triton first runs a stub without arguments and takes any exit
+# status but the 1 of its own for a missing execute bit, which it then tries to set (Triton 2.51's stub_launcher.cc):
+# this one answers 1 there too.
 STAGE_STUB = "triton_python_backend_stub"
 STAGE_STUB_SCRIPT = f"""#!/bin/sh
 # inferop: an image pipeline's stage runs one thread in every math library, whatever the model's count.
+[ "$#" -gt 0 ] || exit 1
 export {" ".join(f"{variable}=1" for variable in THREAD_ENV)}
 exec "$6/{STAGE_STUB}" "$@"
 """

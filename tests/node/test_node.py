@@ -314,7 +314,7 @@ def test_an_image_pipeline_serves_photographs_on_the_node_as_in_process(
     """Inception V3 exported with --pipeline image and applied as it is: one Triton pod runs the ensemble, its stages
     (the image's backend inferop_pipeline) and the model; photographs sent as JPEG and PNG bytes get the top labels
     that decoding, the model and top-k in process give, and bytes that are no image a 400 that says so; each stage's
-    process runs one thread in every math library."""
+    process runs one thread in every math library (the model, one instance, the pod's CPUs)."""
     import onnxruntime as ort
     from tritonclient.utils import InferenceServerException
 
@@ -326,7 +326,8 @@ def test_an_image_pipeline_serves_photographs_on_the_node_as_in_process(
 
     repo, manifest = tmp_path / "model_repo", tmp_path / "inception-v3.yaml"
     export = subprocess.run(
-        [*INFEROP, "export", "inception_v3", "--pipeline", "image", "--repo", str(repo), "--manifest", str(manifest)],
+        [*INFEROP, "export", "inception_v3", "--pipeline", "image", "--instances", "1", "--repo", str(repo),
+         "--manifest", str(manifest)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert export.returncode == 0, export.stderr
@@ -366,6 +367,8 @@ def test_an_image_pipeline_serves_photographs_on_the_node_as_in_process(
         deployment = json.loads(kube.run("get", "deployment", "inception-v3", "-o", "json"))
         container = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "triton")
         variables = {e["name"]: e["value"] for e in container["env"] if e["name"] in THREAD_ENV}
+        if (os.cpu_count() or 1) > 1:  # one instance on the pod's CPUs: the model's count is not the stages' 1
+            assert variables != dict.fromkeys(THREAD_ENV, "1"), variables
         for member in ("inception_v3_pre", "inception_v3_post", "inception_v3_model"):
             stubs = python_stubs(member)
             wanted = variables if member.endswith("_model") else dict.fromkeys(THREAD_ENV, "1")
