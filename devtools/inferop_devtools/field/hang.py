@@ -5,7 +5,9 @@ callers in the node's network (no client timeout: whatever ends a wait is the se
 in a real Prometheus, and the same fault: from `healthy` seconds on, every execution blocks. The naive one is the
 Deployment NVIDIA's Kubernetes example writes (Triton's and ONNX Runtime's defaults, the HTTP liveness probe of
 /v2/health/live); inferop's is what the operator renders for the InferenceService. The kubelet runs each pod's
-probes: a restart ends the hang (the fault lives in the process), as a restart ends a real deadlock.
+probes: a restart ends the hang (the fault lives in the process), as a restart ends a real deadlock. The ablation is
+inferop's pod without its liveness probe: the ConfigMap and Deployment the operator renders for the same
+InferenceService, the probe removed and nothing else, applied by hand; inferop's goals must fail on it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ from inferop.openloop import OpenLoopResult, Outcome, run_open_loop
 from inferop.serving.tritonserver import model_metrics
 from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING, CpuScheduling
 from inferop_core.tritonconfig import ServingConfig
-from inferop_devtools.field.node import NVIDIA_PROBES, FieldNode, PodWatch, inference_service, triton_deployment
+from inferop_devtools.field.node import (
+    NAMESPACE,
+    NVIDIA_PROBES,
+    FieldNode,
+    PodWatch,
+    inference_service,
+    triton_deployment,
+)
 from inferop_devtools.field.pods import (
     NAIVE_SCHEDULING,
     Machine,
@@ -34,12 +43,16 @@ from inferop_devtools.field.pods import (
     rendered,
 )
 from inferop_devtools.prometheus import Prometheus, chart_alert_rules
+from inferop_operator.builders import Service, build_config_map, build_deployment
+from inferop_operator.identity import TRITON_CONTAINER
 from inferop_operator.plan import memory_limit, plan_service
 from inferop_operator.spec import parse_spec
 
 STALL_SERIES = ("nv_inference_pending_request_count", "nv_inference_request_success")
 STALL_ALERT = "InferopQueueStalled"
 STALL_FILE = "/tmp/inferop-stall"  # in the pod's /tmp: the model blocks every execution while it exists
+ABLATION = "inferop without its liveness probe"
+RUNS = ("naive", "inferop", ABLATION)
 
 
 @dataclass(frozen=True)
@@ -215,7 +228,9 @@ def drill_hang(machine: Machine) -> dict[str, Any]:
             results["naive"] = stalled_run(watch, naive(ours), NAIVE_SCHEDULING, rules, stall, machine, drain)
         with node.serving(inference_service("ours", raw, fault)) as watch:
             results["inferop"] = stalled_run(watch, ours, DEFAULT_CPU_SCHEDULING, rules, stall, machine, drain)
-    for label in ("naive", "inferop"):
+        with node.serving(without_liveness("ablation", raw, node.triton_image, fault)) as watch:
+            results[ABLATION] = stalled_run(watch, ours, DEFAULT_CPU_SCHEDULING, rules, stall, machine, drain)
+    for label in RUNS:
         run = results[label]
         r = run["result"]
         print(
@@ -223,49 +238,71 @@ def drill_hang(machine: Machine) -> dict[str, Any]:
             f"{r['failed']}, alerts {run['alerts_fired_after_seconds']}, restarts {run['restart_count']}, serving "
             f"again after {run['serving_again_after_seconds']} s"
         )
-    ours_run, naive_run = results["inferop"], results["naive"]
-    ours_result = ours_run["result"]
+    naive_run = results["naive"]
     period, threshold = probe["periodSeconds"], probe["failureThreshold"]
     # The first failing run may see part of a period's executions; then `threshold` failures a period apart; then
     # the container's stop, which the kubelet ends with SIGKILL after the grace period.
     restart_bound = (threshold + 1) * period + probe["timeoutSeconds"] + kubelet.grace_seconds
-    restarts = ours_run["restarts"]
-    in_batch = ours_run["in_flight_at_stall"]["batch"]
     deadline = window + hold + 2 * scrape  # a whole rate window without a success, then `for:`
+    ablation_goals = inferop_goals(results[ABLATION], request_seconds, restart_bound)
     goals = [
         ("naive callers still waiting when the drill stops", naive_run["result"]["unfinished"] > 0),
         ("naive: its HTTP liveness probe passed throughout: the kubelet never restarted it",
          naive_run["restart_count"] == 0),
+        *inferop_goals(results["inferop"], request_seconds, restart_bound),
+        (
+            f"naive: the same rules fire {STALL_ALERT} within rateWindow + for + 2 scrapes ({deadline:g} s); "
+            "nothing acts on it",
+            at_most(naive_run["alerts_fired_after_seconds"].get(STALL_ALERT), deadline),
+        ),
+        (f"{ABLATION}: at least one of inferop's goals fails", not all(met for _, met in ablation_goals)),
+    ]  # fmt: skip
+    results["goals"] = [{"text": text, "met": met} for text, met in goals]
+    results["ablation_goals"] = [{"text": text, "met": met} for text, met in ablation_goals]
+    results["goal"] = {"text": "all hang goals", "met": all(met for _, met in goals)}
+    return results
+
+
+def inferop_goals(run: dict[str, Any], request_seconds: float, restart_bound: float) -> list[tuple[str, bool]]:
+    """What inferop's pod must do with the stall: judged on its run, and on the ablation's, where some must fail."""
+    result, restarts, in_batch = run["result"], run["restarts"], run["in_flight_at_stall"]["batch"]
+    return [
         (
             "inferop: no caller left waiting, though no caller has a timeout",
-            ours_result["unfinished"] == 0 and ours_result["client_timeout"] == 0,
+            result["unfinished"] == 0 and result["client_timeout"] == 0,
         ),
         (
             "inferop: Triton's queue timeout answered queued callers 503 within requestSeconds + 10%",
-            ours_result["timed_out"] > 0
-            and at_most(ours_result["server_timeout_ms"].get("max"), request_seconds * 1.1e3),
+            result["timed_out"] > 0 and at_most(result["server_timeout_ms"].get("max"), request_seconds * 1.1e3),
         ),
         (
             "inferop: metrics show the stall before the restart (pending above 0, success flat)",
-            ours_run["pending_rose"] and ours_run["success_flat"],
+            run["pending_rose"] and run["success_flat"],
         ),
         (
             f"inferop: the kubelet restarted the stalled container once, its process gone within {restart_bound:g} s "
             "((failureThreshold + 1) x periodSeconds + timeoutSeconds + terminationGracePeriodSeconds)",
-            ours_run["restart_count"] == 1 and len(restarts) == 1
+            run["restart_count"] == 1 and len(restarts) == 1
             and at_most(restarts[0]["stopped_after_seconds"], restart_bound),
         ),
         (
             "inferop: the callers inside the stalled execution got an answer (the restart's)",
             in_batch["count"] > 0 and "unfinished" not in in_batch["kinds"],
         ),
-        ("inferop: serving again after the restart", ours_run["serving_again_after_seconds"] is not None),
-        (
-            f"naive: the same rules fire {STALL_ALERT} within rateWindow + for + 2 scrapes ({deadline:g} s); "
-            "nothing acts on it",
-            at_most(naive_run["alerts_fired_after_seconds"].get(STALL_ALERT), deadline),
-        ),
+        ("inferop: serving again after the restart", run["serving_again_after_seconds"] is not None),
     ]  # fmt: skip
-    results["goals"] = [{"text": text, "met": met} for text, met in goals]
-    results["goal"] = {"text": "all hang goals", "met": all(met for _, met in goals)}
-    return results
+
+
+def without_liveness(name: str, raw: dict[str, Any], image: str, env: dict[str, str]) -> dict[str, Any]:
+    """The ablation: what the operator renders for the InferenceService `raw` (its ConfigMap and Deployment, with
+    `env`, running `image`), the liveness probe removed and nothing else, as a List to apply by hand (nothing owns
+    it: the operator leaves it alone)."""
+    spec = parse_spec(inference_service(name, raw, env)["spec"])
+    service = Service(name=name, namespace=NAMESPACE, uid="", spec=spec, plan=plan_service(spec), image=image)
+    config_map, deployment = build_config_map(service), build_deployment(service)
+    for item in (config_map, deployment):
+        item["metadata"].pop("ownerReferences", None)
+    for container in deployment["spec"]["template"]["spec"]["containers"]:
+        if container["name"] == TRITON_CONTAINER:
+            del container["livenessProbe"]
+    return {"apiVersion": "v1", "kind": "List", "items": [config_map, deployment]}

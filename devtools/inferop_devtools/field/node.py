@@ -108,7 +108,10 @@ def inference_service(name: str, raw: dict[str, Any], env: dict[str, str] | None
 
 
 def selector_of(manifest: dict[str, Any]) -> str:
-    """The label selector of the serving pod `manifest` makes: a Deployment's own, or the operator's."""
+    """The label selector of the serving pod `manifest` makes: a Deployment's own (alone, or in a List with what it
+    needs), or the operator's."""
+    if manifest["kind"] == "List":
+        return selector_of(next(item for item in manifest["items"] if item["kind"] == "Deployment"))
     if manifest["kind"] == "Deployment":
         return ",".join(f"{k}={v}" for k, v in manifest["spec"]["selector"]["matchLabels"].items())
     return f"{INSTANCE}={manifest['metadata']['name']}"
@@ -304,11 +307,11 @@ class FieldNode:
 
     @contextlib.contextmanager
     def serving(self, manifest: dict[str, Any], ready_seconds: int = 300) -> Iterator[PodWatch]:
-        """`manifest` applied and its pod Ready within `ready_seconds` (else CalledProcessError), held to the server's
-        CPU, watched; deleted afterwards."""
+        """`manifest` (an InferenceService, a Deployment, or a List of a Deployment and what it needs) applied and its
+        pod Ready within `ready_seconds` (else CalledProcessError), held to the server's CPU, watched; deleted
+        afterwards."""
         cluster, selector = self.cluster, selector_of(manifest)
-        kind = "deployment" if manifest["kind"] == "Deployment" else "infsvc"
-        name = manifest["metadata"]["name"]
+        name = manifest.get("metadata", {}).get("name", selector)
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
         try:
             pods = ("get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "name")
@@ -325,6 +328,6 @@ class FieldNode:
                 raise SystemExit(f"error: no cgroup of the pod of {name} to hold to the server's CPU")
             yield watch
         finally:
-            cluster.kubectl("delete", "-n", NAMESPACE, kind, name, "--wait=true", check=False)
+            cluster.kubectl("delete", "-f", "-", "--wait=true", stdin=json.dumps(manifest), check=False)
             wait = ("wait", "-n", NAMESPACE, "--for=delete", "pod", "-l", selector, "--timeout=120s")
             cluster.kubectl(*wait, check=False)

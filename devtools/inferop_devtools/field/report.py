@@ -7,6 +7,8 @@ import time
 from typing import Any
 
 from inferop_core.quantity import format_bytes
+from inferop_devtools.field.hang import ABLATION as HANG_ABLATION
+from inferop_devtools.field.hang import RUNS as HANG_RUNS
 from inferop_devtools.field.memory import LIMIT_OVER_PEAK_BOUND
 from inferop_devtools.field.pods import OUT, MiB, verdict
 from inferop_devtools.field.threads import LOADS, POLICIES
@@ -52,7 +54,7 @@ def plot_drill(name: str, drill: dict[str, Any]) -> str | None:
         axis.set_ylabel("estimate (MiB)")
         axis.set_title("memory model against the cgroup's measured peak")
     elif name == "hang":
-        for label in ("naive", "inferop"):
+        for label in [label for label in HANG_RUNS if label in drill]:
             rows = [row for row in drill[label]["metrics"] if not row.get("down")]
             axis.plot(
                 [r["t"] for r in rows],
@@ -257,7 +259,7 @@ def hang_section(drill: dict[str, Any]) -> list[str]:
         "| deployment | outcome | kubelet | alerts fired (s after the stall) | in the stalled execution |",
         "|---|---|---|---|---|",
     ]
-    for label in ("naive", "inferop"):
+    for label in [label for label in HANG_RUNS if label in drill]:
         run = drill[label]
         r = run["result"]
         batch = run["in_flight_at_stall"]["batch"]
@@ -274,6 +276,9 @@ def hang_section(drill: dict[str, Any]) -> list[str]:
             f"{': ' + restarts if restarts else ''}; {kubelet} | {run['alerts_fired_after_seconds'] or 'none'} | "
             f"{batch['count']} callers: {batch['kinds']}, ended {batch.get('ended_after_seconds')} s after the stall |"
         )
+    if drill.get("ablation_goals"):
+        lines += ["", f"inferop's goals on the ablation ({HANG_ABLATION}, the operator's Deployment without it):"]
+        lines += goal_lines(drill["ablation_goals"])
     return lines + goal_lines(drill["goals"])
 
 
