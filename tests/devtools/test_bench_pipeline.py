@@ -36,7 +36,8 @@ def bad_input(good: dict[str, Any], not_400: int = 0, p99_ms: float = 40.0, afte
     kinds = ("a zero-byte body", "a corrupt JPEG", "a decompression bomb")
     return {
         "sent": 900, "not_400": not_400, "p99_ms": p99_ms, "p99_ms_by_kind": dict.fromkeys(kinds, p99_ms), "good": good,
-        "memory_before_mib": 800.0, "memory_peak_mib": 850.0, "memory_after_mib": after_mib,
+        "memory_before_mib": 800.0, "memory_halfway_mib": 810.0, "memory_peak_mib": 850.0,
+        "memory_after_mib": after_mib,
     }  # fmt: skip
 
 
@@ -69,7 +70,7 @@ def test_each_bad_input_goal_is_missed_on_its_own() -> None:
         ({"not_400": 1}, "bad input not answered 400"),
         ({"p99_ms": 2600.0}, "bad input p99 / the callers' p99 meanwhile"),
         ({"good": served(7.5, 57_000)}, "callers beside bad input / alone"),
-        ({"after_mib": 900.0}, "server memory after bad input / before"),
+        ({"after_mib": 900.0}, "server memory after bad input / half-way through it"),
     ]:
         bad = {**measured, "bad_input": bad_input(**{"good": good, **changes})}
         assert [name for name, miss in outcome(bad).items() if miss] == [missed], changes
