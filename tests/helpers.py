@@ -196,6 +196,7 @@ def python_stubs(model: str, server: int | None = None) -> dict[str, StubProcess
     for process in Path("/proc").iterdir():
         try:
             argv = (process / "cmdline").read_bytes().split(b"\0")
+            # Triton's own stub, which a stage's script of the same name execs in its place
             if Path(argv[0].decode()).name != STAGE_STUB or len(argv) < 9:
                 continue
             environ = dict(e.decode().partition("=")[::2] for e in (process / "environ").read_bytes().split(b"\0") if e)

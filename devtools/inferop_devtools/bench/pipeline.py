@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 import zlib
+from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -284,13 +285,14 @@ def largest_images_round(spec: Any, source: Path, work: Path, cpus: float, secon
     assert pipeline is not None and pipeline.model.max_queue_size is not None
     images = largest_images(pipeline.max_image_bytes, pipeline.max_image_pixels)
     batch_round = pipeline.model.instances * pipeline.model.max_batch_size
-    callers = (
-        2 * pipeline.model.max_queue_size + batch_round + pipeline.pre_instances
-    )  # inferop_core.memory.stage_bytes
-    outcomes: dict[str, int] = {}
+    # The requests the memory estimate holds an image for (inferop_core.memory.stage_bytes): both queues at the
+    # model's bound, a batch round executing, one image in each decoding instance.
+    callers = 2 * pipeline.model.max_queue_size + batch_round + pipeline.pre_instances
+    outcomes: Counter[str] = Counter()
+    counting = threading.Lock()
     stop = threading.Event()
 
-    def call(index: int) -> None:
+    def call(url: str, index: int) -> None:
         data = images["png" if index % LARGEST_PICTURE_EVERY == 0 else "jpeg"]
         client = httpclient.InferenceServerClient(url, network_timeout=TIMEOUT, connection_timeout=TIMEOUT)
         request = httpclient.InferInput(IMAGE_INPUT, [1, 1], "BYTES")
@@ -302,16 +304,16 @@ def largest_images_round(spec: Any, source: Path, work: Path, cpus: float, secon
                     outcome = "answered"
                 except InferenceServerException as error:
                     outcome = f"{error.status()} {'queue full' if 'queue size' in str(error) else 'timed out'}"
-                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+                with counting:
+                    outcomes[outcome] += 1
         finally:
             client.close()
 
     with served(write_pipeline_repo(pipeline, source, work), cpus) as server:
         assert server.cgroup is not None
-        url = server.url
         before = server.cgroup.memory_current()
         server.cgroup.reset_peak()
-        threads = [threading.Thread(target=call, args=(index,), daemon=True) for index in range(callers)]
+        threads = [threading.Thread(target=call, args=(server.url, index), daemon=True) for index in range(callers)]
         for thread in threads:
             thread.start()
         time.sleep(seconds)  # the duration of the round: the peak is read after it
