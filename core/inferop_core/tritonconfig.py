@@ -189,6 +189,11 @@ class ServingConfig(BaseModel):
         return self
 
     @property
+    def executing(self) -> int:
+        """Instances that compute at once: one where they take turns."""
+        return 1 if self.take_turns else self.instances
+
+    @property
     def warmup_batch_sizes(self) -> tuple[int, ...]:
         """Warm up at batch 1 and at the largest batch, so the first real requests and the memory peak
         are both paid for at load time, not by a caller (a model without a batch axis: one request)."""

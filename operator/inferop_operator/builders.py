@@ -763,7 +763,13 @@ def build_admission_policy(service: Service, api_version: str) -> dict[str, Any]
     if service.candidate is not None:
         tracks.append((service.candidate, service.routing.candidate_replicas))
     admitted = sum(
-        gateway_admission(pods, track.plan.threads.instances, track.spec.batching.max_batch_size, track.plan.queue.size)
+        gateway_admission(
+            pods,
+            track.plan.threads.instances,
+            track.plan.threads.executing,
+            track.spec.batching.max_batch_size,
+            track.plan.queue.size,
+        )
         for track, pods in tracks
     )
     # Requests wait for a connection only while it opens: as many may as the pods hold.

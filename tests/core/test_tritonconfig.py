@@ -79,6 +79,12 @@ class TestRenderModelConfig:
         expected = mc.ModelInstanceGroup.KIND_GPU if cfg.device == "gpu" else mc.ModelInstanceGroup.KIND_CPU
         assert group.kind == expected
 
+    @pytest.mark.parametrize(("instances", "take_turns", "executing"), [(1, False, 1), (2, False, 2), (2, True, 1)])
+    def test_instances_taking_turns_execute_one_at_a_time(
+        self, cfg: ServingConfig, instances: int, take_turns: bool, executing: int
+    ) -> None:
+        assert cfg.model_copy(update={"instances": instances, "take_turns": take_turns}).executing == executing
+
     def test_dynamic_batching_and_bounded_rejecting_queue(self, cfg: ServingConfig) -> None:
         batching = rendered(cfg).dynamic_batching
         assert batching.max_queue_delay_microseconds == cfg.max_queue_delay_microseconds

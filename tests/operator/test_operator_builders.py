@@ -1069,12 +1069,15 @@ class TestHttpRoute:
 
 
 def held_before_rejecting(service: Service) -> int:
-    """Requests a pod of `service` may hold without Triton rejecting any, read from its rendered config: its queue
-    bound (Triton may answer a batch before the next leaves the queue), or two batch rounds where that is more."""
+    """Requests a pod of `service` may hold, read from its rendered config: its queue bound (Triton may answer a batch
+    before the next leaves the queue), or where that is less, a batch for each instance and one queued for each
+    executing at once (one where the rate limiter lets one execute at a time)."""
     config = parse_model_config(build_config_map(service)["data"]["config.pbtxt"])
+    (group,) = config.instance_group
+    executing = 1 if group.rate_limiter.resources else group.count
     return max(
         config.dynamic_batching.default_queue_policy.max_queue_size,
-        2 * config.instance_group[0].count * config.max_batch_size,
+        (group.count + executing) * config.max_batch_size,
     )
 
 
@@ -1098,6 +1101,16 @@ class TestAdmissionPolicy:
             "maxPendingRequests": held * service.spec.replicas,  # only while connections open
             "maxConnections": 2**32 - 1,
         }
+
+    @pytest.mark.parametrize(("cpu", "batches"), [("1", 3), ("2", 4)])
+    def test_below_the_queue_bound_a_batch_ready_for_each_instance(self, cpu: str, batches: int) -> None:
+        """On one CPU the two instances take turns: one executes, the other holds the next batch, one is queued for
+        the first; on two each executes with one queued behind it."""
+        raw = raw_spec(batching={"maxBatchSize": 8, "maxQueueSize": 8}, resources={"limits": {"cpu": cpu}})
+        service = replace(make_service(raw), routing=Routing(gateway=GATEWAY))
+        assert (service.plan.threads.instances, service.plan.threads.take_turns) == (2, cpu == "1")
+        assert self.breaker(service)["maxParallelRequests"] == batches * 8 * service.spec.replicas
+        assert held_before_rejecting(service) == batches * 8
 
     def test_autoscaled_every_pod_it_may_run(self) -> None:
         raw = raw_spec(autoscaling={"minReplicas": 1, "maxReplicas": 5, "metric": "queueTime", "target": 200})

@@ -593,23 +593,23 @@ class TestQueueBound:
     LIMITS: ClassVar[dict[str, Any]] = {"limits": {"cpu": "1", "memory": "1Gi"}}
 
     def test_derived_from_the_capacity(self) -> None:
-        # Inception on one CPU: 10 samples/s x 0.8 served x 10 s x 0.5 = 40.
+        # Inception on one CPU: 10 samples/s x 0.95 served x 10 s x 0.5 = 47.
         result = plan(
             raw_spec(
                 capacity=10.0, resources=self.LIMITS, batching={"maxBatchSize": 8}, timeouts={"requestSeconds": 10}
             )
         )
-        assert (result.queue.size, result.queue.source, result.queue.capacity) == (40, "capacity", 10.0)
-        assert result.serving.max_queue_size == 40
+        assert (result.queue.size, result.queue.source, result.queue.capacity) == (47, "capacity", 10.0)
+        assert result.serving.max_queue_size == 47
         config = parse_model_config(render_model_config(result.serving))
-        assert config.dynamic_batching.default_queue_policy.max_queue_size == 40
+        assert config.dynamic_batching.default_queue_policy.max_queue_size == 47
         assert result.warnings == []
 
     def test_the_capacity_is_the_pods(self) -> None:
-        # 4 CPUs, 2 instances x 2 intra-op threads: 32 samples/s x 0.8 x 10 s x 0.5 = 128.
+        # 4 CPUs, 2 instances x 2 intra-op threads: 32 samples/s x 0.95 x 10 s x 0.5 = 152.
         result = plan(raw_spec(capacity=8.0, instances=2, resources={"limits": {"cpu": "4", "memory": "1Gi"}}))
         assert (result.threads.intra_op, result.queue.capacity) == (2, 32.0)
-        assert result.serving.max_queue_size == 128
+        assert result.serving.max_queue_size == 152
 
     def test_the_spec_value_wins(self) -> None:
         result = plan(raw_spec(capacity=8.0, resources=self.LIMITS, batching={"maxQueueSize": 5}))

@@ -310,10 +310,10 @@ class TestPlanStatus:
         assert (status["threads"]["instances"], status["threads"]["summary"]) == (2, "2x(1+1)/1cpu in turns")
 
     def test_derived_queue_bound(self) -> None:
-        # 4 CPUs, 2 instances x 2 intra-op threads: 8 x 4 = 32 samples/s x 0.8 x 10 s x 0.5 = 128.
+        # 4 CPUs, 2 instances x 2 intra-op threads: 8 x 4 = 32 samples/s x 0.95 x 10 s x 0.5 = 152.
         status = written(plan_status(make_service(capacity=8.0)))
-        assert status["queue"] == {"maxQueueSize": 128, "source": "capacity", "capacitySamplesPerSecond": 32.0}
-        assert status["memory"]["requiredBytes"] == peak(queue=128)  # the estimate holds the queue it bounds
+        assert status["queue"] == {"maxQueueSize": 152, "source": "capacity", "capacitySamplesPerSecond": 32.0}
+        assert status["memory"]["requiredBytes"] == peak(queue=152)  # the estimate holds the queue it bounds
 
     def test_queue_bound_from_the_spec(self) -> None:
         status = written(plan_status(make_service(capacity=8.0, batching={"maxQueueSize": 5})))

@@ -129,8 +129,8 @@ def overload_section(drill: dict[str, Any]) -> list[str]:
     lines = ["", "## b. overload (field report 001)", ""]
     lines.append(
         f"On {drill['where']}. Inception V3 at each CPU quota; the queue bound's served share "
-        f"({drill['served_share_of_capacity']:g}) was "
-        f"fitted at {', '.join(f'{q:g}' for q in drill['fitted_quotas'])} CPU, the other quotas are held out. "
+        f"({drill['served_share_of_capacity']:g}) was fitted on earlier runs (inferop_core.capacity): this run is "
+        "held out. "
         "Capacity in the run: the pod's own figures over its arrivals, the rate of its full batches (Triton's "
         "statistics per batch size) with the CPU share its model lost to the rest of the pod against a closed-loop "
         "window given back (procfs); answered: samples answered in time a second, first arrival to last answer. The "
@@ -143,10 +143,11 @@ def overload_section(drill: dict[str, Any]) -> list[str]:
         probe = quota["liveness_probe"]
         lines += [
             "",
-            f"### {quota['cpus']:g} CPU ({'fitted' if quota['fitted'] else 'held out'}): {quota['limits']}",
+            f"### {quota['cpus']:g} CPU: {quota['limits']}",
             "",
             f"Export's capacity {quota['exported_capacity']:.2f} img/s, measured {quota['capacity']:.2f}; timeout "
-            f"{quota['timeout_seconds']:g} s; derived queue bound {quota['queue_bound']}; liveness probe every "
+            f"{quota['timeout_seconds']:g} s; derived queue bound {quota['queue_bound']}, the gateway admits "
+            f"{quota['gateway_admits']}; liveness probe every "
             f"{probe['periodSeconds']} s, threshold {probe['failureThreshold']}. Admission: {a['callers']} "
             f"closed-loop callers, {a['rejected']} of {a['calls']} calls rejected, p99 {a['p99_ms']:.0f} ms, "
             f"{a['throughput']:.2f} img/s.",

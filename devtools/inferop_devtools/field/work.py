@@ -80,9 +80,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime and stime, fields 14 and 15 of proc(5)
 
 
-def work_between(before: Snapshot, after: Snapshot, max_batch_size: int, instances: int) -> Work:
-    """What the pod did between two snapshots. The full-batch rate assumes its instances computed side by side,
-    as a saturated pod's do."""
+def work_between(before: Snapshot, after: Snapshot, max_batch_size: int, executing: int) -> Work:
+    """What the pod did between two snapshots. The full-batch rate assumes its `executing` instances computed side
+    by side, as a saturated pod's do (one where its instances take turns)."""
     executed = {
         size: (after.batches[size][0] - before.batches.get(size, (0, 0))[0],
                after.batches[size][1] - before.batches.get(size, (0, 0))[1])
@@ -94,6 +94,6 @@ def work_between(before: Snapshot, after: Snapshot, max_batch_size: int, instanc
     return Work(
         computed=computed,
         full_batch_share=max_batch_size * full_count / computed if computed else None,
-        full_batch_rate=instances * max_batch_size * full_count / (full_ns / 1e9) if full_ns else None,
+        full_batch_rate=executing * max_batch_size * full_count / (full_ns / 1e9) if full_ns else None,
         model_cpu_share=(after.model_cpu_seconds - before.model_cpu_seconds) / pod_cpu if pod_cpu > 0 else None,
     )
