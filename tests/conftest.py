@@ -15,10 +15,12 @@ import pytest
 from tests.helpers import (
     EXPORT_EXTRA,
     MODEL_BUCKET,
+    PIPELINE_MAX_IMAGE_BYTES,
     SERVE_EXTRA,
     SERVING,
     TINY,
     ExportedRepo,
+    PipelineRepo,
     RunningServer,
     push_tiny,
 )
@@ -65,6 +67,24 @@ def model_repo(tmp_path_factory: pytest.TempPathFactory, inception_network: Any)
         ),
     }
     return ExportedRepo(path=repo, reports=reports)
+
+
+@pytest.fixture(scope="session")
+def pipeline_repo(model_repo: ExportedRepo, tmp_path_factory: pytest.TempPathFactory) -> PipelineRepo:
+    """Inception V3 behind its image pipeline (the ensemble `inception_v3`), as a Triton repository."""
+    from inferop.serving.localrepo import write_pipeline_repo
+    from inferop_core.tritonconfig import PipelineConfig, member_name, parse_model_config, read_serving_config
+
+    exported = model_repo.path / "inception_v3"
+    model = read_serving_config(parse_model_config((exported / "config.pbtxt").read_text()))
+    config = PipelineConfig(
+        name="inception_v3",
+        model=model.model_copy(update={"name": member_name("inception_v3", "model")}),
+        top_k=5,
+        max_image_bytes=PIPELINE_MAX_IMAGE_BYTES,
+        max_image_pixels=4_000_000,
+    )
+    return PipelineRepo(write_pipeline_repo(config, exported, tmp_path_factory.mktemp("pipeline") / "repo"), config)
 
 
 @pytest.fixture(scope="session")

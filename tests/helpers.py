@@ -81,6 +81,12 @@ class ExportedRepo:
 
 
 @dataclass(frozen=True)
+class PipelineRepo:
+    path: Path
+    config: Any  # inferop_core.tritonconfig.PipelineConfig
+
+
+@dataclass(frozen=True)
 class RunningServer:
     server: Any  # inferop.serving.tritonserver.TritonServer
     initial_statistics: dict[str, dict[str, Any]]  # per model, read right after the server became ready
@@ -181,6 +187,7 @@ class StubProcess:
     """A python backend stub as the kernel sees it (/proc): its threads and the math libraries' thread variables it
     started with."""
 
+    pid: int
     threads: int
     variables: dict[str, str]
 
@@ -208,7 +215,8 @@ def python_stubs(model: str, server: int | None = None) -> dict[str, StubProcess
         if server not in (None, parent):
             continue
         if re.fullmatch(rf"{re.escape(model)}_\d+_\d+", instance):
-            found[instance] = StubProcess(threads, {v: environ[v] for v in THREAD_ENV if v in environ})
+            variables = {v: environ[v] for v in THREAD_ENV if v in environ}
+            found[instance] = StubProcess(int(process.name), threads, variables)
     return found
 
 
@@ -218,7 +226,7 @@ IMAGENET = Processing(
 )
 
 
-# The served pipeline's (tests/runtime/conftest.py served_pipeline) limit on an image's bytes.
+# The pipeline's (tests/conftest.py pipeline_repo) limit on an image's bytes.
 PIPELINE_MAX_IMAGE_BYTES = 2 * 2**20
 
 

@@ -105,6 +105,13 @@ def answerable_callers(served: float, timeout_seconds: float, batch_round: int) 
     return max(0, math.floor(served * timeout_seconds * WAIT_SHARE_OF_TIMEOUT) - batch_round)
 
 
+def rate_answering_admitted(admitted: int, timeout_seconds: float, batch_round: int) -> float:
+    """The rate (samples a second) at which a pod answers `admitted` requests within half the timeout plus two
+    batches, the promise to what a gateway admits under overload: the last of them waits for the others and the
+    batch ahead of it, (admitted + round) / rate."""
+    return (admitted - batch_round) / (timeout_seconds * WAIT_SHARE_OF_TIMEOUT)
+
+
 def gateway_admission(pods: int, instances: int, executing: int, max_batch_size: int, queue_bound: int) -> int:
     """Requests a gateway in front of `pods` lets them hold at once: each pod's queue bound, or where that is less,
     what keeps a full batch ready for every instance: a batch for each instance (executing, or holding the next while
@@ -115,6 +122,6 @@ def gateway_admission(pods: int, instances: int, executing: int, max_batch_size:
     then lets in found the queue full (338 of 1,519 rejections reached the pod on a 2 GHz Xeon; 4x goodput 0.78 of
     capacity, and 1.02 with this count, in single runs). Not a batch queued for each instance taking turns either:
     at half a CPU, two instances taking turns and four batches admitted, Inception V3's accepted requests waited
-    7.8 s (p99) where the three batches that keep them busy take 5.7 s. Each pod's own bound still applies behind
-    it."""
+    7.8 s (p99), and 5.8 / 6.0 s with the three batches that keep them busy. Each pod's own bound still applies
+    behind it."""
     return pods * max(queue_bound, (instances + executing) * max(max_batch_size, 1))

@@ -269,7 +269,7 @@ PIXELS = "PIXELS"
 SCORES = "SCORES"
 LABELS_OUTPUT = "LABELS"
 PROBABILITIES_OUTPUT = "PROBABILITIES"
-PIPELINE_STAGES = ("pre", "post")
+PIPELINE_MEMBERS = ("pre", "model", "post")  # in the order the ensemble runs them
 
 # Each stage runs one thread (the plan counts one a decoding instance). Triton's python stub imports numpy, which starts
 # OpenBLAS with the container's thread variables (the model's intra-op count), before the stage's code runs; so each
@@ -350,7 +350,7 @@ class PipelineConfig(BaseModel):
     @property
     def members(self) -> dict[str, str]:
         """Each member's model name, in the order the ensemble runs them."""
-        return {stage: member_name(self.name, stage) for stage in ("pre", "model", "post")}
+        return pipeline_members(self.name)
 
     def stage_settings(self, stage: str) -> dict[str, object]:
         """What a stage of inferop/serving/pipeline.py reads from its config (PIPELINE_PARAMETER)."""
@@ -370,6 +370,11 @@ class PipelineConfig(BaseModel):
 
 def member_name(pipeline: str, stage: str) -> str:
     return f"{pipeline}_{stage}"
+
+
+def pipeline_members(pipeline: str) -> dict[str, str]:
+    """The model names of the members of the pipeline whose ensemble is named `pipeline`, by stage."""
+    return {stage: member_name(pipeline, stage) for stage in PIPELINE_MEMBERS}
 
 
 def build_pipeline_configs(cfg: PipelineConfig) -> dict[str, mc.ModelConfig]:

@@ -3,7 +3,11 @@ through a Gateway of Envoy Gateway, what its Envoy saw of each track's backends.
 
 Triton's counters (nv_inference_request_success, _failure, _duration_us) per model, scraped from every pod with
 the pod's labels (the chart's PodMonitor keeps app.kubernetes.io/instance and app.kubernetes.io/component). The
-increases over the window are summed over a track's pods.
+increases over the window are summed over a track's pods. A request Triton refuses as the caller's error (an input of
+the wrong type or shape: 400) counts in none of them; nor does an image a pipeline's decoding stage refuses in that
+stage (an error response a model returns counts as its success), but its ensemble counts it a failure, twice, as it
+does a member's real failure (Triton 2.51: reason OTHER). So a pipeline's failures are its members' (a stage that
+raises or whose stub died: BACKEND; a full queue: REJECTED), and its requests those the ensemble answered and those.
 
 Envoy's cluster stats (upstream_rq_total, upstream_rq_pending_failure_eject, upstream_rq_xx, upstream_rq_rx_reset,
 upstream_cx_connect_fail and the upstream_rq_time histogram), scraped from the Gateway's Envoy pods as Envoy Gateway's
@@ -25,7 +29,7 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from inferop_core.errors import InferopError
@@ -119,14 +123,18 @@ def window_text(seconds: float) -> str:
     return f"{max(math.ceil(seconds), 1)}s"
 
 
-def track_window(base_url: str, namespace: str, service: str, model: str, track: Track, seconds: float) -> TrackFigures:
-    """One track's figures in Triton over the last `seconds`."""
-    where = selector(namespace, service, model, track)
-    values = {
-        name: query(base_url, f"sum(increase({metric}{{{where}}}[{window_text(seconds)}]))")
-        for name, metric in COUNTERS.items()
-    }
-    return track_figures(values["successes"], values["failures"], values["duration_us"])
+def track_window(
+    base_url: str, namespace: str, service: str, model: str, track: Track, seconds: float, failing: Sequence[str] = ()
+) -> TrackFigures:
+    """One track's figures in Triton over the last `seconds`: of `model`, its failures those of the models `failing`
+    where given (a pipeline's members)."""
+
+    def increase(metric: str, of: str) -> float:
+        return query(base_url, f"sum(increase({metric}{{{selector(namespace, service, of, track)}}}[{window}]))")
+
+    window = window_text(seconds)
+    failures = sum(increase(COUNTERS["failures"], member) for member in failing or (model,))
+    return track_figures(increase(COUNTERS["successes"], model), failures, increase(COUNTERS["duration_us"], model))
 
 
 def route_clusters(route: Mapping[str, Any], namespace: str, tracks: Mapping[str, Track]) -> dict[Track, list[str]]:
@@ -192,13 +200,18 @@ def gateway_window(
 
 
 def prometheus_reader(
-    base_url: str, namespace: str, service: str, model: str, clusters: Mapping[Track, list[str]] | None
+    base_url: str,
+    namespace: str,
+    service: str,
+    model: str,
+    clusters: Mapping[Track, list[str]] | None,
+    failing: Sequence[str] = (),
 ) -> Callable[[Track, float], TrackFigures]:
-    """What an analysis reads of one track over the last `seconds`: Triton's figures and, where the service is
-    routed through a Gateway (`clusters`: route_clusters of its HTTPRoute), the gateway's."""
+    """What an analysis reads of one track over the last `seconds`: Triton's figures (`failing`: as track_window)
+    and, where the service is routed through a Gateway (`clusters`: route_clusters of its HTTPRoute), the gateway's."""
 
     def read(track: Track, seconds: float) -> TrackFigures:
-        figures = track_window(base_url, namespace, service, model, track, seconds)
+        figures = track_window(base_url, namespace, service, model, track, seconds, failing)
         if clusters is None:
             return figures
         gateway = gateway_window(

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from inferop_core.tritonconfig import pipeline_members
 from inferop_operator.agreement import AgreementError, compare_revisions
 from inferop_operator.analysis import PrometheusUnreachable, prometheus_reader, route_clusters
 from inferop_operator.builders import HTTP_PORT, Service, build_http_route, candidate_name
@@ -119,7 +120,7 @@ def observe(
     analysis = None
     if failure is None and analysis_due(state, spec.rollout, now):
         gateway = split == "gateway" and service.routing.gateway is not None
-        reader = _reader(service, spec, prometheus_url, gateway)
+        reader = figures_reader(service, spec, prometheus_url, gateway, ablated)
         analysis = analyse(state, spec, reader, now, through_gateway=gateway, ablated=ablated)
     observed = Observed(
         now=now,
@@ -173,8 +174,12 @@ def _agreement(
 Reader = Callable[[Track, float], TrackFigures]  # one track's figures over the last seconds
 
 
-def _reader(
-    service: Service, spec: InferenceServiceSpec, prometheus_url: str | None, through_gateway: bool
+def figures_reader(
+    service: Service,
+    spec: InferenceServiceSpec,
+    prometheus_url: str | None,
+    through_gateway: bool,
+    ablated: frozenset[str] = frozenset(),
 ) -> Reader | None:
     """What an analysis reads from Prometheus: Triton's figures, and the gateway's for the clusters of the route as
     the operator writes it now (the traffic of the step analysed). None without a Prometheus."""
@@ -184,7 +189,10 @@ def _reader(
     if through_gateway:
         tracks: dict[str, Track] = {service.name: "stable", candidate_name(service): "candidate"}
         clusters = route_clusters(build_http_route(service, ROUTE_API), service.namespace, tracks)
-    return prometheus_reader(prometheus_url, service.namespace, service.name, spec.model.name, clusters)
+    # behind a pipeline, the ensemble counts the images its decoding refuses as failures: its members' are counted
+    members = spec.pipeline is not None and "member-failures" not in ablated
+    failing = list(pipeline_members(spec.model.name).values()) if members else []
+    return prometheus_reader(prometheus_url, service.namespace, service.name, spec.model.name, clusters, failing)
 
 
 def analyse(

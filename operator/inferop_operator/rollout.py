@@ -67,6 +67,7 @@ SAFEGUARDS: dict[str, str] = {
     "ready-pods": "a step's weight waits for the candidate's Ready pods that it needs",
     "sliding-window": "each analysis reads the last interval, not the step so far",
     "stable-first": "a candidate rolled back for its latency keeps its traffic until the stable pods are back",
+    "member-failures": "behind an image pipeline, failures are its members', not the images it refuses its callers",
 }
 
 

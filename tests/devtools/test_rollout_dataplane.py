@@ -5,8 +5,9 @@ promoted (with the chart's dashboard read mid-rollout), one that fails on some i
 step's budget, one whose servers crash, one whose pods refuse the gateway and one that regresses late in a long step,
 each back at weight 0 within an interval, one whose p99 regresses rolled back by the p99 gate, one that disagrees
 refused before any live request, a slow-starting one whose weights wait for its pods, Prometheus stopped mid-rollout
-(held, never promoted blind), a user steering a rollout with `inferop rollout`, and a slow candidate rolled back with
-the stable pods scaled down to its weight's share, which keeps its traffic until they are back."""
+(held, never promoted blind), a user steering a rollout with `inferop rollout`, a slow candidate rolled back with
+the stable pods scaled down to its weight's share, which keeps its traffic until they are back, and Inception V3
+behind its image pipeline promoted on its top labels while callers send the candidate bytes that are no image."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ SCENARIOS = (
     "blind",
     "steer",
     "capacity_slow",
+    "pipeline",
 )
 
 
@@ -128,6 +130,17 @@ def test_a_slow_candidate_keeps_its_traffic_until_the_scaled_down_stable_pods_ar
     off = next(s for s in slow["stable_pods"] if s["phase"] == "RollingBack" and s["weight"] == 0)
     assert off["ready"] == 3, seen
     assert slow["callers"]["failed"] == 0
+
+
+def test_an_image_pipeline_is_promoted_on_its_answers_though_callers_send_it_bytes_that_are_no_image(
+    drill: dict[str, Any],
+) -> None:
+    pipeline = drill["scenarios"]["pipeline"]
+    seen = json.dumps({key: pipeline.get(key) for key in ("message", "agreement", "transitions", "analyses")}, indent=1)
+    assert pipeline["final"] == "Succeeded" and pipeline["agreement"]["passed"], seen
+    assert pipeline["photographs"]["sent"] > 0 and pipeline["photographs"]["failed"] == 0, pipeline["photographs"]
+    refused = pipeline["not_an_image"]
+    assert refused["sent"] > 0 and refused["answered_400_naming_it"] == refused["sent"], refused
 
 
 def test_every_goal_is_met(drill: dict[str, Any]) -> None:

@@ -51,9 +51,11 @@ class Kubectl:
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
         self.binary = str(binary or tools / "kubectl")
 
-    def run(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, check: bool = True, stdin: str | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
-            [self.binary, *args], env=self.env, capture_output=True, text=True, input=stdin, timeout=60
+            [self.binary, *args], env=self.env, capture_output=True, text=True, input=stdin, timeout=timeout
         )
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")

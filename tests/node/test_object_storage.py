@@ -63,7 +63,10 @@ def namespace(kubectl: Kubectl) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:8]}"
     kubectl.run("create", "namespace", name)
     yield name
-    kubectl.run("delete", "namespace", name, "--wait=true", check=False)
+    # The namespace controller deletes the pods, then comes back after the longest grace period among them however
+    # soon they end (its estimateGracefulTermination): a serving pod's is the drain, the request timeout and 15 s,
+    # 30 s here. Its namespace took 32 s on a quiet machine, more than 60 in a full test run.
+    kubectl.run("delete", "namespace", name, "--wait=true", check=False, timeout=180)
 
 
 def in_storage(

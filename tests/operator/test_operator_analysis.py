@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import pytest
 
+from inferop_operator import analysis
 from inferop_operator.analysis import (
     PrometheusUnreachable,
     cluster_matcher,
@@ -21,7 +22,7 @@ from inferop_operator.analysis import (
 from inferop_operator.builders import Routing, Service, build_http_route
 from inferop_operator.identity import ROUTE_API, Track
 from inferop_operator.plan import plan_service
-from inferop_operator.progress import analyse
+from inferop_operator.progress import analyse, figures_reader
 from inferop_operator.rollout import (
     AnalysisStatus,
     RolloutStatus,
@@ -33,7 +34,7 @@ from inferop_operator.rollout import (
     track_figures,
 )
 from inferop_operator.spec import GatewayRef, InferenceServiceSpec, Rollout, parse_spec
-from tests.specs import raw_spec
+from tests.specs import CLASSIFIER, raw_spec
 
 T0 = 1_800_000_000.0
 ROLLOUT = {"steps": [0, 5, 100], "stepSeconds": 60, "analysis": {"intervalSeconds": 10, "minRequests": 20}}
@@ -119,6 +120,26 @@ class TestSlidingWindow:
     ) -> None:
         rollout = Rollout.model_validate(ROLLOUT)
         assert analysis_window(at_step(started), rollout, now) == window
+
+    def test_behind_a_pipeline_the_failures_are_its_members(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Its ensemble counts the images the decoding stage refuses (400s) as failures, twice: its members do not
+        (tests/operator/test_rollout_analysis.py shows both on a real tritonserver)."""
+        asked: list[str] = []
+        monkeypatch.setattr(analysis, "query", lambda url, promql: asked.append(promql) or 2.0)
+        spec = parse_spec(raw_spec(model=CLASSIFIER, pipeline={}, rollout=ROLLOUT))
+        service = Service("images", "models", "u", spec, plan_service(spec), "nvcr.io/nvidia/tritonserver:25.01-py3")
+        figures = figures_reader(service, spec, "http://prometheus:9090", through_gateway=False)("candidate", 10)
+        of_models = sorted(
+            (promql.split("(")[2].split("{")[0], promql.split('model="')[1].split('"')[0]) for promql in asked
+        )
+        assert of_models == [
+            ("nv_inference_request_duration_us", "inception_v3"),
+            ("nv_inference_request_failure", "inception_v3_model"),
+            ("nv_inference_request_failure", "inception_v3_post"),
+            ("nv_inference_request_failure", "inception_v3_pre"),
+            ("nv_inference_request_success", "inception_v3"),
+        ]
+        assert (figures.requests, figures.failures) == (8, 6)
 
     def test_no_prometheus_or_one_that_does_not_answer_is_unreachable(self) -> None:
         spec, now = spec_of(), T0 + 10

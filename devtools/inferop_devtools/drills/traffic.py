@@ -1,7 +1,7 @@
 """Live traffic for the rollout drill: open-loop Poisson arrivals through the gateway for as long as a scenario
 lasts, each request one of a few kinds (a plain board, a board a failing candidate breaks on, a header-matched
-caller), every outcome kept with the time it was sent, so a drill can tell what callers got at each moment of a
-rollout.
+caller, an image's bytes), every outcome kept with the time it was sent, so a drill can tell what callers got at
+each moment of a rollout.
 
 The callers run in a process of their own: in the drill's process they would share the interpreter with the threads
 that watch the rollout and read every pod's metrics (more of them while a candidate's pods are up), and any wait for
@@ -38,6 +38,15 @@ def board_request(
     name: str, board: np.ndarray, outputs: Sequence[str], headers: dict[str, str] | None = None
 ) -> Request:
     body, encoding = encode_request({"board": board}, list(outputs))
+    return Request(name, body, {**encoding, **(headers or {})})
+
+
+def image_request(name: str, data: bytes, headers: dict[str, str] | None = None) -> Request:
+    """A request of an image pipeline: the bytes as its one BYTES tensor, the top labels and probabilities back."""
+    from inferop_core.tritonconfig import IMAGE_INPUT, LABELS_OUTPUT, PROBABILITIES_OUTPUT
+
+    image = np.array([[data]], dtype=np.object_)
+    body, encoding = encode_request({IMAGE_INPUT: image}, [LABELS_OUTPUT, PROBABILITIES_OUTPUT])
     return Request(name, body, {**encoding, **(headers or {})})
 
 

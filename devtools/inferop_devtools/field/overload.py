@@ -28,7 +28,13 @@ from typing import Any
 from inferop.limits import CFS_PERIOD_US
 from inferop.openloop import OpenLoopResult
 from inferop.openloop import plot as plot_open_loop
-from inferop_core.capacity import SERVED_SHARE_OF_CAPACITY, WAIT_SHARE_OF_TIMEOUT, answerable_callers, gateway_admission
+from inferop_core.capacity import (
+    SERVED_SHARE_OF_CAPACITY,
+    WAIT_SHARE_OF_TIMEOUT,
+    answerable_callers,
+    gateway_admission,
+    rate_answering_admitted,
+)
 from inferop_core.memory import LOCAL_RUNTIME
 from inferop_core.quantity import format_bytes
 from inferop_core.scheduling import DEFAULT_CPU_SCHEDULING
@@ -373,9 +379,8 @@ def quota_goals(
     reject_ms = 50.0 + throttle_ms
     throttled = f": 50 + {throttle_ms:g} the CFS quota may hold it" if throttle_ms else ""
     goals = [] if admission is None else [admission_goal(admission, timeout)]
-    # The rate at which what the gateway admits (sized from export's capacity) is answered within half the timeout
-    # plus two batches: the last admitted request waits for the others and the batch ahead, (admitted + round) / rate.
-    holds_admitted = (admitted - batch_round) / (timeout * WAIT_SHARE_OF_TIMEOUT)
+    # what the gateway admits is sized from export's capacity
+    holds_admitted = rate_answering_admitted(admitted, timeout, batch_round)
     for factor in (2.0, 4.0):
         run = ours[factor]
         result, usage, capacity, served = run["result"], run["usage"], run["capacity_in_run"], run["answered_rate"]
