@@ -7,19 +7,22 @@
 #   prometheus-adapter  the custom.metrics.k8s.io server backed by Prometheus (cmd/adapter);
 #   coredns             the cluster DNS of the local node (scripts/coredns: CoreDNS v1.15.0 with the plugins a
 #                       cluster's DNS uses, 63 s and a 55 MiB binary, where its own main with every plugin and
-#                       the cloud SDKs they bring builds several times longer).
+#                       the cloud SDKs they bring builds several times longer);
+#   kube-router         the local node's NetworkPolicy controller (cmd/kube-router, run with its firewall only: the
+#                       bridge CNI enforces no policy); v2.1.0, the one version the module proxy serves here.
 # (metrics-server v0.9.0 builds the same way, in 3 to 6 minutes; it is left out because nothing here can feed it:
 # it scrapes each node's kubelet, and kwok's fake nodes serve no resource metrics without more configuration.)
 #
 # The binaries are built from the Go module proxy into
 # ${INFEROP_CACHE:-$HOME/.cache/inferop}/kube-addons/bin, once; a filled cache answers in milliseconds.
-# None of the three modules has replace directives, so each is built from a throw-away wrapper module that
+# None of the modules has replace directives, so each is built from a throw-away wrapper module that
 # requires it at a pinned version: the module graph is then exactly the one its own go.mod selects. The
 # proxy serves the prometheus-adapter versions but no version list, so its version cannot be looked up
 # and stays pinned. The module and build caches are private to the build directory (so the download can
 # be measured) and removed afterwards.
 # Measured with Go 1.26.8 on 2 cores shared with a test suite: about 7.5 minutes for both (kwok 4, the adapter
-# 3.5), 120 MiB of static binaries (61 and 59 MiB).
+# 3.5), 120 MiB of static binaries (61 and 59 MiB); kube-router alone, 109 s and 135 MiB downloaded, 58 MiB
+# (2 cores, nothing beside it, 2026-12-06).
 #
 # --no-build: never build; exit 3 when no binaries are ready (for test suites that skip instead).
 set -euo pipefail
@@ -29,6 +32,7 @@ set -euo pipefail
 ADDONS=(
     "kwok sigs.k8s.io/kwok v0.8.0 sigs.k8s.io/kwok/cmd/kwok -"
     "prometheus-adapter sigs.k8s.io/prometheus-adapter v0.12.0 sigs.k8s.io/prometheus-adapter/cmd/adapter -"
+    "kube-router github.com/cloudnativelabs/kube-router/v2 v2.1.0 github.com/cloudnativelabs/kube-router/v2/cmd/kube-router github.com/cloudnativelabs/kube-router/v2/pkg/version.Version"
 )
 NEEDED=()
 for addon in "${ADDONS[@]}"; do NEEDED+=("${addon%% *}"); done
@@ -37,7 +41,7 @@ COREDNS_SOURCE="$(cd "$(dirname "$0")" && pwd)/coredns"
 SCRIPT=kube-addons
 CACHE="${INFEROP_CACHE:-$HOME/.cache/inferop}/kube-addons"
 WHAT="add-on binaries"
-BUILD_TIME="about 8.5 minutes on 2 cores"
+BUILD_TIME="about 10.5 minutes on 2 cores"
 # shellcheck source=scripts/go-cache.sh
 source "$(dirname "$0")/go-cache.sh"
 go_cache_begin "$@"

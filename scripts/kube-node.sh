@@ -2,7 +2,8 @@
 # Provide what the local cluster's real node needs beside the kubelet (kube-current.sh builds that) and print the
 # directory of the node's files on the last stdout line (progress goes to stderr):
 #   - Debian bookworm's containerd (1.6), runc (1.1), CNI plugins (1.1: bridge, host-local, portmap, loopback),
-#     iptables (kube-proxy's rules) and conntrack, installed with apt-get once;
+#     iptables (kube-proxy's and kube-router's rules), ipset (kube-router's sets of pods) and conntrack, installed
+#     with apt-get once;
 #   - pause: the sandbox image's program, scripts/node/pause.c compiled static;
 #   - busybox: Debian's busybox-static, unpacked without installing it, for small test images;
 #   - rootfs-bookworm: a minimal Debian 12 (debootstrap's minbase) with Python 3.11, the base of the Triton and
@@ -14,7 +15,7 @@ set -euo pipefail
 
 DIR="${INFEROP_CACHE:-$HOME/.cache/inferop}/node"
 # gcc and libc6-dev compile the sandbox's pause program, statically.
-PACKAGES=(containerd runc containernetworking-plugins iptables conntrack debootstrap gcc libc6-dev)
+PACKAGES=(containerd runc containernetworking-plugins iptables ipset conntrack debootstrap gcc libc6-dev)
 # The base image's packages beyond minbase: the interpreter the Triton python backend's stub links to, and that
 # the liveness probe runs.
 ROOTFS_PACKAGES=python3,libpython3.11

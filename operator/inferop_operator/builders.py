@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import math
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +141,7 @@ class Service:
     routing: Routing = field(default_factory=Routing)
     candidate: Service | None = None
     fetch_image: str | None = None  # the image with `inferop fetch` (the operator's own), for object storage
+    operator_namespace: str | None = None  # where the operator's pod runs; None: outside the cluster
 
     @property
     def object_name(self) -> str:
@@ -640,15 +641,45 @@ def build_pdb(service: Service, api_version: str) -> dict[str, Any]:
 
 # The label every namespace carries with its own name (set by Kubernetes from 1.21).
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+# The labels Envoy Gateway puts on the Envoy pods of a Gateway (its infrastructure's owner labels).
+ENVOY_OWNER_LABEL = "gateway.envoyproxy.io/owning-gateway"
+# The labels of the operator's pod that the chart renders (charts/inferop/templates/_helpers.tpl).
+OPERATOR_POD_LABELS = {"app.kubernetes.io/component": "operator", "app.kubernetes.io/part-of": "inferop"}
+
+
+def pods_in(namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    """A NetworkPolicy peer: the pods with `labels` in `namespace`."""
+    return {
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}},
+        "podSelector": {"matchLabels": dict(labels)},
+    }
+
+
+def inference_ingress(service: Service) -> list[dict[str, Any]]:
+    """Who may call the inference ports: anyone, on http and grpc; or (inferenceFrom gateway) the Gateway's Envoy
+    pods and the operator's, on http only."""
+    policy, gateway = service.spec.network_policy, service.routing.gateway
+    if policy.inference_from == "anywhere":
+        return [{"ports": [{"protocol": "TCP", "port": HTTP_PORT}, {"protocol": "TCP", "port": GRPC_PORT}]}]
+    if gateway is None:  # plan.check_routing refuses it first
+        raise ValueError("networkPolicy.inferenceFrom gateway needs a gateway")
+    envoy = {
+        f"{ENVOY_OWNER_LABEL}-name": gateway.name,
+        f"{ENVOY_OWNER_LABEL}-namespace": gateway.namespace or service.namespace,
+    }
+    callers = [pods_in(policy.gateway_namespace, envoy)]
+    if service.operator_namespace is not None:
+        callers.append(pods_in(service.operator_namespace, OPERATOR_POD_LABELS))
+    return [{"from": callers, "ports": [{"protocol": "TCP", "port": HTTP_PORT}]}]
 
 
 def build_network_policy(service: Service) -> dict[str, Any]:
-    """A NetworkPolicy on the Triton pods: http and grpc from anywhere (the Service's callers), metrics only from
-    pods in `networkPolicy.metricsNamespace` (none when unset), nothing else; egress is left alone (Triton makes no
-    calls, and a policy on it would also cut DNS). The CNI enforces it; without one that does, it is inert."""
+    """A NetworkPolicy on the Triton pods: the inference ports as `networkPolicy.inferenceFrom` says
+    (inference_ingress), metrics only from pods in `networkPolicy.metricsNamespace` (none when unset), nothing
+    else; egress is left alone (Triton makes no calls, and a policy on it would also cut DNS). The CNI enforces it;
+    without one that does, it is inert. The kubelet's probes come from the pod's node, which policies let through."""
     policy = service.spec.network_policy
-    inference = {"ports": [{"protocol": "TCP", "port": HTTP_PORT}, {"protocol": "TCP", "port": GRPC_PORT}]}
-    ingress: list[dict[str, Any]] = [inference]
+    ingress = inference_ingress(service)
     if policy.metrics_namespace:
         ingress.append(
             {

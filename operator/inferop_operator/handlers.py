@@ -381,15 +381,17 @@ def service_tree(
         return None if found is None else found.get("specReplicas")
 
     routing = routing_for(state, split, gateway, spec, replicas(name), replicas(f"{name}{CANDIDATE_SUFFIX}"))
-    fetch = operator_settings().fetch_image
+    settings = operator_settings()
+    fetch, operator_namespace = settings.fetch_image, settings.operator_namespace
     candidate = None
     if state.candidate_wanted:
         candidate = Service(
-            name, namespace, uid, spec, plan, image_for(spec), track="candidate", routing=routing, fetch_image=fetch
-        )
+            name, namespace, uid, spec, plan, image_for(spec), track="candidate", routing=routing, fetch_image=fetch,
+            operator_namespace=operator_namespace,
+        )  # fmt: skip
     return Service(
         name, namespace, uid, stable, stable_plan, image_for(stable), routing=routing, candidate=candidate,
-        fetch_image=fetch,
+        fetch_image=fetch, operator_namespace=operator_namespace,
     )  # fmt: skip
 
 

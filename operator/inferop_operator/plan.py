@@ -206,21 +206,27 @@ def plan_service(spec: InferenceServiceSpec, runtime: RuntimeCosts = CONTAINER_R
 
 
 def check_routing(spec: InferenceServiceSpec, gateway: GatewayRef | None, served: bool) -> None:
-    """Refuse header matches and mirroring without a gateway (`gateway`, the spec's or the operator's default, where
-    Gateway API is `served`): only a gateway routes by header or mirrors requests."""
-    rollout = spec.rollout
-    if rollout is None or (gateway is not None and served):
+    """Refuse header matches, mirroring and a NetworkPolicy open to the gateway alone without a gateway (`gateway`,
+    the spec's or the operator's default, where Gateway API is `served`): only a gateway routes by header or mirrors
+    requests, and without one such a policy would refuse every caller."""
+    if gateway is not None and served:
         return
-    needs = [field for field, value in (("header", rollout.header), ("shadow", rollout.shadow)) if value]
+    rollout = spec.rollout
+    needs = [
+        f"spec.rollout.{field}" for field, value in (("header", rollout and rollout.header),
+                                                     ("shadow", rollout and rollout.shadow)) if value
+    ]  # fmt: skip
+    if spec.network_policy.enabled and spec.network_policy.inference_from == "gateway":
+        needs.append("spec.networkPolicy.inferenceFrom gateway")
     if needs:
-        fields = " and ".join(f"spec.rollout.{field}" for field in needs)
+        fields = " and ".join(needs)
         why = (
             "no gateway is named (spec.gateway, or the operator's default gateway)"
             if gateway is None
             else (f"Gateway API ({ROUTE_API} httproutes) is not served by this cluster")
         )
         raise Refusal(
-            "Rollout",
+            "Rollout" if needs[0].startswith("spec.rollout") else "ChildrenApplied",
             "NeedsGateway",
             f"{fields} need a Gateway API implementation routing to the service, and {why}: install Gateway "
             "API's CRDs and an implementation (e.g. Envoy Gateway), create a Gateway and name it in spec.gateway",

@@ -29,6 +29,15 @@ class OperatorSettings(BaseSettings):
             "the chart sets it to the image it runs)."
         ),
     )
+    operator_namespace: str | None = Field(
+        default=None,
+        description=(
+            "The namespace of the operator's own pod (the chart sets it): a service's NetworkPolicy open to its "
+            "gateway alone (networkPolicy.inferenceFrom) lets the operator's pods there call its pods for the "
+            "agreement check. Unset (an operator outside the cluster): none are let; one on a node reaches them as "
+            "the node."
+        ),
+    )
     resync_seconds: float = Field(
         default=60.0, gt=0, description="How often each service is re-applied, so manual drift of children is reverted."
     )

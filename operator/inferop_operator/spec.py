@@ -505,11 +505,36 @@ class Autoscaling(Section):
         return self
 
 
+# Where Envoy Gateway runs the Envoy pods of every Gateway by default: its own namespace.
+ENVOY_GATEWAY_NAMESPACE = "envoy-gateway-system"
+
+
 class NetworkPolicy(Section):
-    """A NetworkPolicy on the Triton pods: inference (http 8000, grpc 8001) open to any caller, metrics (8002)
-    only to pods of one namespace (a Prometheus's), every other port and ingress closed."""
+    """A NetworkPolicy on the Triton pods: inference (http 8000, grpc 8001) open to any caller or only to the
+    service's Gateway, metrics (8002) only to pods of one namespace (a Prometheus's), every other port and ingress
+    closed."""
 
     enabled: bool = Field(default=False, description="Render the NetworkPolicy (the cluster's CNI must enforce it).")
+    inference_from: Literal["anywhere", "gateway"] = Field(
+        default="anywhere",
+        description=(
+            "Who may call the inference ports. anywhere: any pod. gateway: only the Envoy pods of the service's "
+            "Gateway (Envoy Gateway's, in gatewayNamespace), on http, and the operator's pods (its agreement check): "
+            "a caller that bypasses the gateway's admission is refused before Triton reads a byte of its request, "
+            "which the memory estimate counts on where requests are large (images); grpc is closed (the gateway "
+            "routes http only). Needs a gateway (spec.gateway or the operator's default)."
+        ),
+    )
+    gateway_namespace: str = Field(
+        default=ENVOY_GATEWAY_NAMESPACE,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description=(
+            "With inferenceFrom gateway: the namespace of the Gateway's Envoy pods (Envoy Gateway's own, its "
+            "default; the Gateway's namespace where its EnvoyProxy deploys them there)."
+        ),
+    )
     metrics_namespace: str | None = Field(
         default=None,
         min_length=1,

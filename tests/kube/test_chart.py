@@ -18,7 +18,7 @@ import yaml
 
 from inferop_devtools.cluster.controlplane import ControlPlane, KubernetesRelease
 from inferop_devtools.cluster.tools import kube_tools
-from inferop_operator.builders import CHILDREN
+from inferop_operator.builders import CHILDREN, OPERATOR_POD_LABELS
 from inferop_operator.cli import STOP_BOUND_SECONDS
 from inferop_operator.identity import CRD_NAME, GATEWAY_GROUP, GROUP, PLURAL
 from tests.helpers import wait_for
@@ -168,13 +168,17 @@ class TestRender:
         assert container["args"] == ["--liveness=http://0.0.0.0:8080/healthz", "--all-namespaces"]
         assert container["ports"] == [{"name": "healthz", "containerPort": 8080, "protocol": "TCP"}]
         assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
-        env = {e["name"]: e["value"] for e in container["env"]}
+        env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
         assert env == {
             "INFEROP_LOG_FORMAT": "json",
             "INFEROP_TRITON_IMAGE": "nvcr.io/nvidia/tritonserver:25.01-py3",
             "INFEROP_FETCH_IMAGE": container["image"],  # models in object storage: fetched by this very image
             "INFEROP_RESYNC_SECONDS": "60",
+            # services' NetworkPolicies let the operator's pods of this namespace call theirs
+            "INFEROP_OPERATOR_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         }
+        template = by_kind(docs)[("Deployment", "inferop")]["spec"]["template"]
+        assert OPERATOR_POD_LABELS.items() <= template["metadata"]["labels"].items()
         security = container["securityContext"]
         assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
         assert security["capabilities"] == {"drop": ["ALL"]} and security["runAsUser"] > 0

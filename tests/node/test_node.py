@@ -39,6 +39,7 @@ from inferop_devtools.cluster.node import (
     NodeSite,
     cni_network,
     containerd_config,
+    daemon_commands,
     holder_command,
     kubelet_config,
     network_commands,
@@ -171,6 +172,15 @@ class TestNodeBuilders:
         assert "--propagation=slave" in argv  # the host's mounts seen, none of the node's shown to the host
         assert "mount --bind /state/node/private/run /run" in argv[-1]
 
+    def test_kube_router_enforces_policies_and_leaves_routes_and_services_to_the_node(self) -> None:
+        layout = NodeLayout(Path("/state/node"))
+        argv = daemon_commands(SITE, layout, Path("/kube"), Path("/addons"))["kube-router"]
+        assert argv[0] == "/addons/kube-router"
+        assert {"--run-firewall=true", "--run-router=false", "--run-service-proxy=false", "--enable-cni=false"} <= set(
+            argv
+        )
+        assert f"--kubeconfig={layout.config('kube-router.kubeconfig')}" in argv
+
 
 # ------------------------------------------------------------------------------------------- a real node
 
@@ -253,6 +263,57 @@ def test_port_forward_and_services_reach_the_pod(kube: Cluster, busybox: str) ->
     said = kube.run("logs", "caller")
     assert "hello-from-a-pod" in said
     assert "Client sent an HTTP request to an HTTPS server" in said  # the apiserver, through its Service
+
+
+def reaches(kube: Cluster, namespace: str, pod: str, address: str, port: int) -> bool:
+    """Whether `pod` gets the web page of `address`:`port` (busybox's nc: a refused connection prints nothing)."""
+    call = f'printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 3 {address} {port}'
+    return "hello-from-a-pod" in kube.run("exec", "-n", namespace, pod, "--", "sh", "-c", call, check=False)
+
+
+@pytest.mark.integration
+def test_a_network_policy_open_to_the_gateway_alone_refuses_the_pods_beside_it(kube: Cluster, busybox: str) -> None:
+    """The NetworkPolicy the operator renders with networkPolicy.inferenceFrom gateway, enforced on the node by
+    kube-router: the Gateway's Envoy pods (labelled as Envoy Gateway labels them, in its namespace) reach http, a pod
+    beside the service is refused on http and grpc at its first packet, so no request body of its reaches Triton;
+    the node itself (the kubelet's probes) still reaches the pod. Without the policy the same pod is answered."""
+    from inferop_operator.builders import ENVOY_OWNER_LABEL, Routing, Service, build_network_policy
+    from inferop_operator.plan import plan_service
+    from inferop_operator.spec import ENVOY_GATEWAY_NAMESPACE, GatewayRef, parse_spec
+    from tests.specs import raw_spec
+
+    spec = parse_spec(raw_spec(networkPolicy={"enabled": True, "inferenceFrom": "gateway"}))
+    gateway = GatewayRef(name="inference", namespace="models")
+    service = Service("web", "default", "uid", spec, plan_service(spec), "unused", routing=Routing(gateway=gateway))
+    policy = build_network_policy(service)
+    del policy["metadata"]["ownerReferences"]  # no InferenceService owns it here: the garbage collector would take it
+    # Triton's http and grpc ports, each a web server here
+    serve = WEB.replace("exec httpd -f -p 8080", "httpd -p 8001 -h /www && exec httpd -f -p 8000")
+    server = busybox_pod("server", busybox, serve, **policy["spec"]["podSelector"]["matchLabels"])
+    envoy = busybox_pod(
+        "envoy",
+        busybox,
+        "exec sleep 600",
+        **{f"{ENVOY_OWNER_LABEL}-name": "inference", f"{ENVOY_OWNER_LABEL}-namespace": "models"},
+    )
+    envoy["metadata"]["namespace"] = ENVOY_GATEWAY_NAMESPACE
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ENVOY_GATEWAY_NAMESPACE}}
+    kube.apply(namespace, server, envoy, busybox_pod("beside", busybox, "exec sleep 600"))
+    try:
+        kube.run("wait", "--for=condition=Ready", "pod/server", "pod/beside", "--timeout=60s")
+        kube.run("wait", "--for=condition=Ready", "pod/envoy", "-n", ENVOY_GATEWAY_NAMESPACE, "--timeout=60s")
+        address = kube.pod("server")["status"]["podIP"]
+        assert reaches(kube, "default", "beside", address, 8000) and reaches(kube, "default", "beside", address, 8001)
+        kube.apply(policy)
+        wait_for(lambda: not reaches(kube, "default", "beside", address, 8000), 30, "kube-router to apply the policy")
+        assert reaches(kube, ENVOY_GATEWAY_NAMESPACE, "envoy", address, 8000)
+        assert not reaches(kube, "default", "beside", address, 8001)
+        assert not reaches(kube, ENVOY_GATEWAY_NAMESPACE, "envoy", address, 8001)  # the gateway routes http only
+        page = f"import urllib.request; print(urllib.request.urlopen('http://{address}:8000/', timeout=5).read())"
+        assert "hello-from-a-pod" in kube.run_in_node(sys.executable, "-c", page)
+    finally:
+        kube.run("delete", "networkpolicy", "web", "--ignore-not-found", check=False)
+        kube.run("delete", "namespace", ENVOY_GATEWAY_NAMESPACE, "--wait=false", check=False)
 
 
 @pytest.mark.integration

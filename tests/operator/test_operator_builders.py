@@ -41,7 +41,7 @@ from inferop_operator.builders import (
     triton_args,
 )
 from inferop_operator.identity import API_VERSION, CONFIG_HASH_ANNOTATION, GROUP
-from inferop_operator.plan import plan_service
+from inferop_operator.plan import Refusal, check_routing, plan_service
 from inferop_operator.rollout import RolloutStatus, Traffic
 from inferop_operator.spec import GatewayRef, SpecError, parse_spec
 from tests import specs
@@ -856,6 +856,50 @@ class TestNetworkPolicy:
         assert [rule["ports"] for rule in policy["spec"]["ingress"]] == [
             [{"protocol": "TCP", "port": 8000}, {"protocol": "TCP", "port": 8001}]
         ]
+
+    def test_open_to_the_gateway_alone_the_gateway_s_envoy_and_the_operator_call_http(self) -> None:
+        sections = {"networkPolicy": {"enabled": True, "inferenceFrom": "gateway", "metricsNamespace": "monitoring"}}
+        gateway = GatewayRef(name="public", namespace="edge")
+        service = replace(
+            make_service(raw_spec(**sections)), routing=Routing(gateway=gateway), operator_namespace="inferop-system"
+        )
+        inference, metrics = build_network_policy(service)["spec"]["ingress"]
+        assert inference == {
+            "from": [
+                {  # Envoy Gateway's proxies of this Gateway, in its own namespace
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "envoy-gateway-system"}},
+                    "podSelector": {"matchLabels": {"gateway.envoyproxy.io/owning-gateway-name": "public",
+                                                    "gateway.envoyproxy.io/owning-gateway-namespace": "edge"}},
+                },
+                {  # the operator's pod, as the chart labels it (tests/kube/test_chart.py checks those labels)
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "inferop-system"}},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/component": "operator",
+                                                    "app.kubernetes.io/part-of": "inferop"}},
+                },
+            ],
+            "ports": [{"protocol": "TCP", "port": 8000}],  # http only: the gateway routes no gRPC
+        }  # fmt: skip
+        assert metrics["ports"] == [{"protocol": "TCP", "port": 8002}]
+        # an operator outside the cluster: only the gateway; Envoy elsewhere where its EnvoyProxy puts it
+        sections["networkPolicy"]["gatewayNamespace"] = "edge"
+        outside = replace(make_service(raw_spec(**sections)), routing=Routing(gateway=gateway))
+        (envoy,) = build_network_policy(outside)["spec"]["ingress"][0]["from"]
+        assert envoy["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "edge"}
+
+    def test_open_to_the_gateway_alone_is_refused_without_one_naming_the_field(self) -> None:
+        spec = parse_spec(raw_spec(networkPolicy={"enabled": True, "inferenceFrom": "gateway"}))
+        with pytest.raises(Refusal, match=r"spec.networkPolicy.inferenceFrom gateway need") as refused:
+            check_routing(spec, None, served=False)
+        assert (refused.value.condition, refused.value.reason) == ("ChildrenApplied", "NeedsGateway")
+        with pytest.raises(Refusal, match="not served by this cluster"):
+            check_routing(spec, GatewayRef(name="public"), served=False)
+        check_routing(spec, GatewayRef(name="public"), served=True)
+        check_routing(parse_spec(raw_spec(networkPolicy={"inferenceFrom": "gateway"})), None, served=False)  # off
+
+    @pytest.mark.parametrize(("field", "value"), [("inferenceFrom", "envoy"), ("gatewayNamespace", "Edge")])
+    def test_an_unknown_caller_or_namespace_is_refused_naming_the_field(self, field: str, value: str) -> None:
+        with pytest.raises(SpecError, match=field):
+            parse_spec(raw_spec(networkPolicy={"enabled": True, field: value}))
 
     def test_wanted_only_when_enabled(self) -> None:
         (child,) = [c for c in CHILDREN if c.kind == "NetworkPolicy"]

@@ -40,7 +40,7 @@ from inferop_devtools.cluster.tools import built
 log = logging.getLogger(__name__)
 
 ADDONS_SCRIPT = "kube-addons.sh"
-ADDONS = ("kwok", "prometheus-adapter", "coredns")
+ADDONS = ("kwok", "prometheus-adapter", "coredns", "kube-router")
 KWOK_DIR = repo_root() / "scripts" / "kwok"
 # The stages kwok plays (it ships none without kwokctl): nodes Ready, pods Running and Ready, crash loops.
 KWOK_STAGES = ("node.yaml", "pod.yaml", "pod-crashloop.yaml")

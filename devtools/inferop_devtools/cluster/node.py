@@ -1,5 +1,5 @@
-"""One real node for the local control plane: containerd, runc, the CNI plugins, the kubelet and kube-proxy, all
-of them the released programs, in namespaces of their own.
+"""One real node for the local control plane: containerd, runc, the CNI plugins, the kubelet, kube-proxy, CoreDNS
+and kube-router's network policy controller, all of them the released programs, in namespaces of their own.
 
 Like a kind node (a container holding a kubelet and containerd), the node lives apart from the host:
 - its network namespace is joined to the host by one veth pair: the host end holds the address the apiserver
@@ -40,6 +40,7 @@ from inferop.limits import LimitsError, remove_cgroups
 from inferop.paths import log_tail
 from inferop_devtools.cluster.addons import addon_binaries
 from inferop_devtools.cluster.controlplane import (
+    SERVICE_CIDR,
     ClusterError,
     ControlPlane,
     Layout,
@@ -76,18 +77,33 @@ CNI_BIN_DIR = Path("/usr/lib/cni")
 # containerd's socket in the node's mount namespace, at its default path: the kubelet's cAdvisor finds the containers
 # there (at any other path, its series have no container: only the pods' cgroups are named).
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
-DAEMONS = ("containerd", "kubelet", "kube-proxy", "coredns")
+DAEMONS = ("containerd", "kubelet", "kube-proxy", "coredns", "kube-router")
+POLICY_CHAIN = "KUBE-ROUTER-FORWARD"  # where kube-router's rules for forwarded traffic start
 KUBELET_PORT = 10250  # the kubelet's API on the node's address: logs, exec, port-forward, metrics
 CLONE_NEWNET = 0x40000000  # <sched.h>: setns(2)'s type of a network namespace
 # The cgroup v1 hierarchies the kubelet needs for pods' limits and accounting.
 REQUIRED_CONTROLLERS = frozenset({"cpu", "cpuacct", "cpuset", "memory", "pids"})
 CLUSTER_DOMAIN = "cluster.local"
-# CoreDNS's user, and what kubeadm's system:coredns role lets it read.
-COREDNS_USER = "inferop:coredns"
-COREDNS_RULES = [
-    {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
-    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
-]
+# The node's programs that the built-in RBAC does not know, each a user of its own: what each may read. CoreDNS:
+# what kubeadm's system:coredns role lets it read; kube-router: what its own firewall DaemonSet's role lets it read
+# (daemonset/generic-kuberouter.yaml, v2.1.0), less the writes that only its router and service proxy make.
+NODE_USERS = {
+    "coredns": [
+        {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+    ],
+    "kube-router": [
+        {"apiGroups": [""], "resources": ["namespaces", "pods", "services", "nodes", "endpoints"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+    ],
+}  # fmt: skip
+
+
+def node_user(program: str) -> str:
+    """The user name the certificate of one of NODE_USERS' programs carries."""
+    return f"inferop:{program}"
 
 
 class NodeError(ClusterError):
@@ -396,6 +412,20 @@ def daemon_commands(site: NodeSite, layout: NodeLayout, kube_bin: Path, addon_bi
         ],
         "kube-proxy": [str(kube_bin / "kube-proxy"), f"--config={layout.config('kube-proxy.yaml')}"],
         "coredns": [str(addon_bin / "coredns"), "-conf", str(layout.config("Corefile"))],
+        # NetworkPolicies enforced in the node's iptables (ipsets of the pods each policy selects), beside the
+        # bridge CNI, which enforces none; its router and service proxy are left off (the bridge routes the pods,
+        # kube-proxy the Services), and so is its health port (the node's processes are watched by their pids).
+        "kube-router": [
+            str(addon_bin / "kube-router"),
+            f"--kubeconfig={layout.config('kube-router.kubeconfig')}",
+            f"--hostname-override={NODE_NAME}",
+            "--run-firewall=true",
+            "--run-router=false",
+            "--run-service-proxy=false",
+            "--enable-cni=false",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--health-port=0",
+        ],
     }
 
 
@@ -422,19 +452,22 @@ def corefile(site: NodeSite, layout: NodeLayout) -> str:
     )
 
 
-def coredns_access() -> list[dict[str, Any]]:
-    """The ClusterRole and binding that let CoreDNS's user read what it answers from."""
-    name = COREDNS_USER
+def node_users_access() -> list[dict[str, Any]]:
+    """A ClusterRole and binding for each of NODE_USERS: what its user may read."""
     rbac = "rbac.authorization.k8s.io/v1"
-    role = {"apiVersion": rbac, "kind": "ClusterRole", "metadata": {"name": name}, "rules": COREDNS_RULES}
-    binding = {
-        "apiVersion": rbac,
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": COREDNS_USER}],
-    }
-    return [role, binding]
+    documents: list[dict[str, Any]] = []
+    for program, rules in NODE_USERS.items():
+        name = node_user(program)
+        role = {"apiVersion": rbac, "kind": "ClusterRole", "metadata": {"name": name}, "rules": rules}
+        binding = {
+            "apiVersion": rbac,
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}],
+        }
+        documents += [role, binding]
+    return documents
 
 
 def holder_command(site: NodeSite, layout: NodeLayout) -> list[str]:
@@ -475,20 +508,25 @@ def node_extensions(site: NodeSite) -> str:
         f"[kubelet]\n{leaf}extendedKeyUsage = serverAuth\nsubjectAltName = IP:{site.node_address},DNS:{NODE_NAME}\n"
         f"[kubelet-client]\n{leaf}extendedKeyUsage = clientAuth\n"
         f"[kube-proxy]\n{leaf}extendedKeyUsage = clientAuth\n"
-        f"[coredns]\n{leaf}extendedKeyUsage = clientAuth\n"
+        + "".join(f"[{program}]\n{leaf}extendedKeyUsage = clientAuth\n" for program in NODE_USERS)
     )
 
 
 def node_certificates(pki: Path) -> list[list[str]]:
     """The kubelet's serving and client certificates and kube-proxy's, signed by the cluster's CA: the users the
-    Node authorizer and the built-in RBAC know (system:node:<name> in system:nodes; system:kube-proxy)."""
+    Node authorizer and the built-in RBAC know (system:node:<name> in system:nodes; system:kube-proxy); and those of
+    NODE_USERS."""
     return [
         *signed_commands(pki, "kubelet", f"/CN={NODE_NAME}", extensions=NODE_EXTENSIONS),
         *signed_commands(
             pki, "kubelet-client", f"/O=system:nodes/CN=system:node:{NODE_NAME}", extensions=NODE_EXTENSIONS
         ),
         *signed_commands(pki, "kube-proxy", "/CN=system:kube-proxy", extensions=NODE_EXTENSIONS),
-        *signed_commands(pki, "coredns", f"/CN={COREDNS_USER}", extensions=NODE_EXTENSIONS),
+        *(
+            argv
+            for program in NODE_USERS
+            for argv in signed_commands(pki, program, f"/CN={node_user(program)}", extensions=NODE_EXTENSIONS)
+        ),
     ]
 
 
@@ -643,11 +681,15 @@ class Node:
             ]
             self._record_images(images.ensure(self.containerd_socket, specs))
             part("images")
-            self._apply(kubeconfig_path, coredns_access())
+            self._apply(kubeconfig_path, node_users_access())
             for name in ("kubelet", "kube-proxy", "coredns"):
                 self._start(name, *self._inside(holder.pid, commands[name]))
             self._wait(lambda: self._ready(kubeconfig_path), f"node {NODE_NAME} Ready", deadline)
             part("kubelet")
+            # kube-router exits unless it finds its Node, which the kubelet registers.
+            self._start("kube-router", *self._inside(holder.pid, commands["kube-router"]))
+            self._wait(self._policies_enforced, "kube-router's network policy chains", deadline)
+            part("kube-router")
         except BaseException:
             self.down(keep_logs=True)
             raise
@@ -690,7 +732,7 @@ class Node:
             "kube-proxy.yaml": kube_proxy_config(self.site, layout),
             "kubelet.kubeconfig": kubeconfig(server, control, user="kubelet-client"),
             "kube-proxy.kubeconfig": kubeconfig(server, control, user="kube-proxy"),
-            "coredns.kubeconfig": kubeconfig(server, control, user="coredns"),
+            **{f"{program}.kubeconfig": kubeconfig(server, control, user=program) for program in NODE_USERS},
         }
         for name, document in documents.items():
             layout.config(name).write_text(yaml.safe_dump(document, sort_keys=False))
@@ -762,6 +804,11 @@ class Node:
         result = subprocess.run(argv, input=listing, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise NodeError(f"applying the node's RBAC failed: {result.stderr.strip()[-600:]}")
+
+    def _policies_enforced(self) -> bool:
+        """Whether kube-router has hooked its chain into the node's FORWARD chain (its first sync)."""
+        listed = subprocess.run(self.site.in_network("iptables", "-S", "FORWARD"), capture_output=True, text=True)
+        return f"-j {POLICY_CHAIN}" in listed.stdout
 
     def _containerd_answers(self) -> bool:
         argv = [str(CTR), "--address", str(self.containerd_socket), "version"]

@@ -40,7 +40,8 @@ service serving a small policy/value net:
     blind     Prometheus stopped mid-rollout: the rollout pauses, and resumes when it is back
     pipeline  Inception V3 behind its image pipeline, callers sending JPEGs and a tester sending the candidate (by
               the header) bytes that are no image: the agreement check compares the revisions' top labels on
-              photographs, the analysis counts the pipeline's failures and not the 400s those bytes get: promoted
+              photographs, the analysis counts the pipeline's failures and not the 400s those bytes get: promoted;
+              its NetworkPolicy opens the pods to the gateway alone: a pod beside them is refused
 
 and NAME_ablated for each scenario of ABLATIONS: the same with what makes its goal removed (a safeguard of the
 operator, INFEROP_ROLLOUT_ABLATE, or a gate of its analysis), where its goal must fail. good, steer and the
@@ -1213,7 +1214,9 @@ class Drill:
         revisions' top labels on photographs, live callers send a JPEG, and a fifth of the requests are bytes that
         are no image sent with the header, so the candidate answers them all (400). Its ensemble counts each as a
         failure, twice; the analysis counts the members' failures, so the candidate is promoted (without that, the
-        ablation, the 400s are its failures and roll it back)."""
+        ablation, the 400s are its failures and roll it back). Its NetworkPolicy lets only the gateway's Envoy call
+        the pods (the operator and Prometheus run on the node, which policies let through): a pod beside them, in
+        the services' namespace, is refused at their http port while the rollout runs."""
         from inferop_core.tritonconfig import pipeline_members
         from inferop_export.pipeline import encodings, photographs
 
@@ -1225,6 +1228,8 @@ class Drill:
             replicas=self.settings.replicas,
             # each track's pods on a CPU of their own (track_cpu), both tracks' and the gateway's fitting the node's
             resources={"requests": {"cpu": self.settings.cpu_request}, "limits": {"cpu": "1"}},
+            # images reach the pods through the gateway's admission only: a caller beside it is refused
+            networkPolicy={"enabled": True, "inferenceFrom": "gateway"},
         )
         live = [(photo, 1 - NOT_AN_IMAGE_SHARE), (refused, NOT_AN_IMAGE_SHARE)]
         served = Served(ensemble, spec, photo, live, PIPELINE_RATE)
@@ -1233,28 +1238,38 @@ class Drill:
         analysis = {"intervalSeconds": interval, "minRequests": self.settings.min_requests}
         # An agreement test of 24 photographs for an identical model: the default's (0.99 within 0.01) took 591 and
         # 186 s here, beyond the drill's time for a rollout; what this checks is that it compares the top labels.
-        agreement = {"minAgreement": 0.9, "tolerance": 0.2}
+        agreement_test = {"minAgreement": 0.9, "tolerance": 0.2}
         rollout = self.settings.rollout(
-            steps=[50, 100], stepSeconds=2 * interval, analysis=analysis, header=HEADER, agreement=agreement
+            steps=[50, 100], stepSeconds=2 * interval, analysis=analysis, header=HEADER, agreement=agreement_test
         )
-        run = self.roll("pipeline", {"batching": {"maxQueueDelayMicroseconds": 0}}, rollout, served=served)
+
+        def beside(name: str, observer: Observer) -> dict[str, str]:
+            addresses = [p["status"]["podIP"] for p in self.plane.triton_pods(name) if p["status"].get("podIP")]
+            return self.plane.caller_beside(addresses, HTTP_PORT)
+
+        change = {"batching": {"maxQueueDelayMicroseconds": 0}}
+        run = self.roll("pipeline", change, rollout, during=beside, served=served)
         photos = [s for s in run.outcomes if s.request == "photo"]
         bad = [s for s in run.outcomes if s.request == "not-an-image"]
         said = [s for s in bad if s.message.startswith("400") and "not a JPEG or PNG image" in s.message]
         agreement = run.final.get("agreement") or {}
         failed = [a for a in run.observer.analyses if a["verdict"] == "Failed"]
+        met = run.seen or {}
         return run.report(
             members=list(pipeline_members(ensemble).values()),
             photographs=callers(photos),
             not_an_image={"sent": len(bad), "answered_400_naming_it": len(said)},
             agreement={key: agreement.get(key) for key in ("passed", "samples", "inputs", "seconds", "message")},
+            caller_beside_the_gateway=met,
             goals=goals(
                 ("promoted to 100% automatically", run.final["phase"] == "Succeeded"),
                 ("the agreement check passed on the pipeline's answers to photographs",
                  bool(agreement.get("passed")) and (agreement.get("samples") or 0) > 0),
                 ("every photograph answered", bool(photos) and callers(photos)["failed"] == 0),
                 ("every byte string that is no image answered 400, saying so", bool(bad) and len(said) == len(bad)),
-                ("no analysis read the refused requests as the candidate's failures", not failed),
+                ("every analysis passed, the refused requests beside the photographs", not failed),
+                ("a pod beside the service, not the gateway, refused at every pod's http port",
+                 bool(met) and set(met.values()) == {"refused"}),
             ),
         )  # fmt: skip
 

@@ -347,5 +347,39 @@ class GatewayPlane:
                 found[cluster["name"]] = int(default.get("max_requests", 0))
         return found
 
+    def caller_beside(self, addresses: list[str], port: int) -> dict[str, str]:
+        """What a pod of the services' namespace that is not the gateway meets when it connects to each of
+        `addresses` at `port`: "connected", "refused" or "timed out" (a pod of the operator's image, which has
+        Python; it says so in its termination message)."""
+        assert self.drill.node is not None
+        name = f"beside-{int(time.monotonic() * 1000) % 10**8}"
+        script = (
+            "import json, socket, sys\n"
+            "def attempt(address):\n"
+            "    try:\n"
+            f"        socket.create_connection((address, {port}), timeout=5).close()\n"
+            "        return 'connected'\n"
+            "    except ConnectionRefusedError:\n"
+            "        return 'refused'\n"
+            "    except OSError:\n"
+            "        return 'timed out'\n"
+            "met = {address: attempt(address) for address in sys.argv[1:]}\n"
+            "open('/dev/termination-log', 'w').write(json.dumps(met))\n"
+        )
+        container = {"name": "caller", "image": self.drill.node.images()["operator"], "imagePullPolicy": "Never",
+                     "command": ["python3", "-c", script, *addresses]}  # fmt: skip
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": MODELS},
+               "spec": {"containers": [container], "restartPolicy": "Never"}}  # fmt: skip
+        self.cluster.apply(pod)
+
+        def ended() -> Json | None:
+            statuses = (self.cluster.get("v1", "Pod", name, MODELS).get("status") or {}).get("containerStatuses")
+            return ((statuses or [{}])[0].get("state") or {}).get("terminated")
+
+        terminated = wait_for(ended, "the caller beside the services to end", 120, self.cluster.pods_and_warnings)
+        self.cluster.dynamic.resources.get(api_version="v1", kind="Pod").delete(name=name, namespace=MODELS)
+        met: dict[str, str] = json.loads(terminated.get("message") or "{}")
+        return met
+
     def delete_service(self, name: str) -> None:
         self.drill.custom.delete_namespaced_custom_object(GROUP, VERSION, MODELS, PLURAL, name)
