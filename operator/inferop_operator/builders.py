@@ -641,10 +641,14 @@ def build_pdb(service: Service, api_version: str) -> dict[str, Any]:
 
 # The label every namespace carries with its own name (set by Kubernetes from 1.21).
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
-# The labels Envoy Gateway puts on the Envoy pods of a Gateway (its infrastructure's owner labels).
-ENVOY_OWNER_LABEL = "gateway.envoyproxy.io/owning-gateway"
 # The labels of the operator's pod that the chart renders (charts/inferop/templates/_helpers.tpl).
 OPERATOR_POD_LABELS = {"app.kubernetes.io/component": "operator", "app.kubernetes.io/part-of": "inferop"}
+
+
+def envoy_pod_labels(gateway: str, namespace: str) -> dict[str, str]:
+    """The labels Envoy Gateway puts on the Envoy pods of Gateway `gateway` in `namespace` (its owner labels)."""
+    owner = "gateway.envoyproxy.io/owning-gateway"
+    return {f"{owner}-name": gateway, f"{owner}-namespace": namespace}
 
 
 def pods_in(namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
@@ -663,10 +667,7 @@ def inference_ingress(service: Service) -> list[dict[str, Any]]:
         return [{"ports": [{"protocol": "TCP", "port": HTTP_PORT}, {"protocol": "TCP", "port": GRPC_PORT}]}]
     if gateway is None:  # plan.check_routing refuses it first
         raise ValueError("networkPolicy.inferenceFrom gateway needs a gateway")
-    envoy = {
-        f"{ENVOY_OWNER_LABEL}-name": gateway.name,
-        f"{ENVOY_OWNER_LABEL}-namespace": gateway.namespace or service.namespace,
-    }
+    envoy = envoy_pod_labels(gateway.name, gateway.namespace or service.namespace)
     callers = [pods_in(policy.gateway_namespace, envoy)]
     if service.operator_namespace is not None:
         callers.append(pods_in(service.operator_namespace, OPERATOR_POD_LABELS))

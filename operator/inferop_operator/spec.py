@@ -507,6 +507,7 @@ class Autoscaling(Section):
 
 # Where Envoy Gateway runs the Envoy pods of every Gateway by default: its own namespace.
 ENVOY_GATEWAY_NAMESPACE = "envoy-gateway-system"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
 class NetworkPolicy(Section):
@@ -529,7 +530,7 @@ class NetworkPolicy(Section):
         default=ENVOY_GATEWAY_NAMESPACE,
         min_length=1,
         max_length=63,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        pattern=DNS_LABEL_PATTERN,
         description=(
             "With inferenceFrom gateway: the namespace of the Gateway's Envoy pods (Envoy Gateway's own, its "
             "default; the Gateway's namespace where its EnvoyProxy deploys them there)."
@@ -539,7 +540,7 @@ class NetworkPolicy(Section):
         default=None,
         min_length=1,
         max_length=63,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        pattern=DNS_LABEL_PATTERN,
         description=(
             "Namespace whose pods may scrape Triton's metrics port, e.g. monitoring (matched by its "
             "kubernetes.io/metadata.name label, Kubernetes 1.21+ sets it); unset: nobody may."
@@ -555,7 +556,6 @@ class Gpu(Section):
 
 # An HTTP header name as RFC 9110 defines a token, which Gateway API's HTTPHeaderMatch also takes.
 HEADER_NAME_PATTERN = r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$"
-DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
 class GatewayRef(Section):

@@ -20,6 +20,10 @@ from inferop_operator.spec import Threads, parse_spec
 from tests.helpers import ExportedRepo
 
 INFEROP = [sys.executable, "-m", "inferop_core.cli"]
+# How long a test waits for `kubectl delete --wait=true` of an InferenceService: the operator's finalizer runs, then
+# its pods end within their grace (5 + 10 + 15 s for a serving pod); 60 s ran out once on a loaded machine (the
+# Inception pipeline's teardown in a 63-minute make test, its checks all passed).
+DELETE_SECONDS = 180
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

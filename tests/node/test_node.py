@@ -47,7 +47,7 @@ from inferop_devtools.cluster.node import (
     start_with_node,
 )
 from tests.helpers import ExportedRepo, serving, wait_for
-from tests.node.helpers import INFEROP, Cluster, cli, one_cpu, traces
+from tests.node.helpers import DELETE_SECONDS, INFEROP, Cluster, cli, one_cpu, traces
 
 OPERATOR_IMAGE = "the node's operator image"  # a parameter's placeholder for the reference `up` made
 
@@ -277,7 +277,7 @@ def test_a_network_policy_open_to_the_gateway_alone_refuses_the_pods_beside_it(k
     kube-router: the Gateway's Envoy pods (labelled as Envoy Gateway labels them, in its namespace) reach http, a pod
     beside the service is refused on http and grpc at its first packet, so no request body of its reaches Triton;
     the node itself (the kubelet's probes) still reaches the pod. Without the policy the same pod is answered."""
-    from inferop_operator.builders import ENVOY_OWNER_LABEL, Routing, Service, build_network_policy
+    from inferop_operator.builders import Routing, Service, build_network_policy, envoy_pod_labels
     from inferop_operator.plan import plan_service
     from inferop_operator.spec import ENVOY_GATEWAY_NAMESPACE, GatewayRef, parse_spec
     from tests.specs import raw_spec
@@ -294,7 +294,7 @@ def test_a_network_policy_open_to_the_gateway_alone_refuses_the_pods_beside_it(k
         "envoy",
         busybox,
         "exec sleep 600",
-        **{f"{ENVOY_OWNER_LABEL}-name": "inference", f"{ENVOY_OWNER_LABEL}-namespace": "models"},
+        **envoy_pod_labels("inference", "models"),
     )
     envoy["metadata"]["namespace"] = ENVOY_GATEWAY_NAMESPACE
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ENVOY_GATEWAY_NAMESPACE}}
@@ -365,7 +365,7 @@ def test_an_exported_model_serves_on_the_node_as_the_operator_renders_it(
         for name in ("policy", "value"):
             np.testing.assert_allclose(on_the_node[name], locally[name], rtol=1e-6, atol=1e-7)
     finally:
-        kube.run("delete", "-f", str(manifest), "--wait=true", check=False)
+        kube.run("delete", "-f", str(manifest), "--wait=true", check=False, timeout=DELETE_SECONDS)
 
 
 @pytest.mark.integration
@@ -436,7 +436,7 @@ def test_an_image_pipeline_serves_photographs_on_the_node_as_in_process(
             assert stubs and all(stub.variables == wanted for stub in stubs.values()), (member, stubs, wanted)
         measured(f"thread variables on the node: the stages' 1, the model's {variables}")
     finally:
-        kube.run("delete", "-f", str(manifest), "--wait=true", check=False)
+        kube.run("delete", "-f", str(manifest), "--wait=true", check=False, timeout=DELETE_SECONDS)
 
 
 @pytest.mark.parametrize(
@@ -479,7 +479,7 @@ def test_the_kubelet_s_reasons_reach_the_status_with_the_fix(
         assert condition["reason"] == reason, condition
         assert re.search(said, condition["message"]), condition
     finally:
-        kube.run("delete", "infsvc", "bad", "--wait=true", check=False)
+        kube.run("delete", "infsvc", "bad", "--wait=true", check=False, timeout=DELETE_SECONDS)
 
 
 @pytest.mark.integration
@@ -504,7 +504,7 @@ def test_helm_install_runs_the_operator_as_a_pod_that_serves_a_model(
         ready = kube.run("wait", "--for=condition=Ready", "infsvc/tiny", "--timeout=120s", check=False, timeout=130)
         assert "condition met" in ready, kube.run("logs", "-n", namespace, "deploy/inferop", check=False)
     finally:
-        kube.run("delete", "infsvc", "--all", "--wait=true", check=False)
+        kube.run("delete", "infsvc", "--all", "--wait=true", check=False, timeout=DELETE_SECONDS)
         subprocess.run([*helm, "uninstall", "inferop", "--namespace", namespace, "--wait"], capture_output=True)
 
 

@@ -17,10 +17,11 @@ import yaml
 
 from inferop_devtools.cluster.controlplane import ClusterError
 from inferop_devtools.cluster.tools import built, wait_established
+from inferop_operator.spec import ENVOY_GATEWAY_NAMESPACE
 
 GATEWAY_SCRIPT = "gateway.sh"
-# Where Envoy Gateway runs and creates the Envoy of every Gateway (its chart's namespace, ENVOY_GATEWAY_NAMESPACE).
-NAMESPACE = "envoy-gateway-system"
+# Where Envoy Gateway runs and creates the Envoy of every Gateway (its chart's namespace): Envoy Gateway's default.
+NAMESPACE = ENVOY_GATEWAY_NAMESPACE
 RELEASE = "eg"  # the Helm release, as Envoy Gateway's docs name it
 CONTROLLER_NAME = "gateway.envoyproxy.io/gatewayclass-controller"
 

@@ -38,6 +38,7 @@ from inferop_devtools.drills.harness import DrillCluster, OperatorProcess
 from inferop_devtools.gateway.discovery import PodDiscovery, PodMonitor
 from inferop_devtools.gateway.envoygateway import CONTROLLER_NAME, NAMESPACE, EnvoyGateway, gateway_binaries
 from inferop_devtools.prometheus import CHART_JOB, Prometheus
+from inferop_operator.builders import envoy_pod_labels
 from inferop_operator.identity import (
     API_VERSION,
     COMPONENT,
@@ -62,8 +63,7 @@ SCRAPE_SECONDS = 1  # Prometheus' scrape interval: a rollout's quick steps last 
 # Envoy's admin port in the bootstrap Envoy Gateway renders, on 127.0.0.1 of its pod: stats, clusters, config_dump.
 ENVOY_ADMIN_PORT = 19000
 # The labels Envoy Gateway puts on the Envoy of a Gateway.
-OWNER = "gateway.envoyproxy.io/owning-gateway"
-ENVOY_LABELS = {f"{OWNER}-name": GATEWAY, f"{OWNER}-namespace": MODELS}
+ENVOY_LABELS = envoy_pod_labels(GATEWAY, MODELS)
 ENVOY_SELECTOR = label_selector(ENVOY_LABELS)
 # Triton's counters of a model that the drills read off each pod.
 COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_request_duration_us")
